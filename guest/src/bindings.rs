@@ -1,0 +1,109 @@
+//! The thin layer between the WIT world `provisioner` and the plain-Rust logic: imports become
+//! an [`Env`], exports call into the crate. No decision is made here.
+
+use crate::env::{Entry, Env, HostError, Level, Page};
+
+wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
+
+use exports::mesh::provisioner::api;
+use mesh::provisioner::{bus, log, registry_writer, store, types};
+
+/// The component's imports, as the logic sees them.
+struct Imports;
+
+fn host_error(e: types::HostError) -> HostError {
+    match e {
+        types::HostError::Unavailable(m) => HostError::Unavailable(m),
+        types::HostError::Conflict(m) => HostError::Conflict(m),
+        types::HostError::Denied(m) => HostError::Denied(m),
+        types::HostError::Invalid(m) => HostError::Invalid(m),
+        types::HostError::Timeout(m) => HostError::Timeout(m),
+        types::HostError::NoResponders(m) => HostError::NoResponders(m),
+    }
+}
+
+fn wit_error(e: HostError) -> types::HostError {
+    match e {
+        HostError::Unavailable(m) => types::HostError::Unavailable(m),
+        HostError::Conflict(m) => types::HostError::Conflict(m),
+        HostError::Denied(m) => types::HostError::Denied(m),
+        HostError::Invalid(m) => types::HostError::Invalid(m),
+        HostError::Timeout(m) => types::HostError::Timeout(m),
+        HostError::NoResponders(m) => types::HostError::NoResponders(m),
+    }
+}
+
+fn entry(e: types::Entry) -> Entry {
+    Entry { key: e.key, revision: e.revision, value: e.value }
+}
+
+impl Env for Imports {
+    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
+        store::get(bucket, key).map(|e| e.map(entry)).map_err(host_error)
+    }
+
+    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
+        let p = store::scan(bucket, filter, after, limit).map_err(host_error)?;
+        Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+    }
+
+    fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError> {
+        registry_writer::put(key, value, expected).map_err(host_error)
+    }
+
+    fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError> {
+        registry_writer::delete(key, expected).map_err(host_error)
+    }
+
+    fn request(&self, subject: &str, body: &[u8], timeout_ms: u32) -> Result<Vec<u8>, HostError> {
+        bus::request(subject, body, timeout_ms).map_err(host_error)
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Trace => log::Level::Trace,
+            Level::Debug => log::Level::Debug,
+            Level::Info => log::Level::Info,
+            Level::Warn => log::Level::Warn,
+            Level::Error => log::Level::Error,
+        };
+        log::log(level, message);
+    }
+}
+
+struct Component;
+
+impl api::Guest for Component {
+    fn info() -> api::BuildInfo {
+        api::BuildInfo {
+            name: crate::NAME.into(),
+            version: crate::VERSION.into(),
+            wit_version: crate::WIT_VERSION.into(),
+        }
+    }
+
+    fn compile_registry() -> Vec<api::RegistryEntry> {
+        crate::registry::compile()
+            .into_iter()
+            .map(|(kind, value)| api::RegistryEntry { kind, value })
+            .collect()
+    }
+
+    fn reconcile() -> Result<api::ReconcileReport, types::HostError> {
+        let r = crate::reconcile::reconcile(&Imports).map_err(wit_error)?;
+        Ok(api::ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
+    }
+
+    fn handle(verb: String, request: Vec<u8>, max_reply: u32) -> api::Reply {
+        let r = crate::verb::handle(&Imports, &verb, &request, max_reply);
+        let code = match r.code {
+            crate::verb::Code::Ok => api::ReplyCode::Ok,
+            crate::verb::Code::BadRequest => api::ReplyCode::BadRequest,
+            crate::verb::Code::Unavailable => api::ReplyCode::Unavailable,
+            crate::verb::Code::Internal => api::ReplyCode::Internal,
+        };
+        api::Reply { code, body: r.body }
+    }
+}
+
+export!(Component);

@@ -1,0 +1,65 @@
+//! What the logic may ask of its host, as a plain Rust trait.
+//!
+//! The component's bindings implement it with the WIT imports; unit tests implement it in memory.
+//! Keeping binding types out of the logic is what lets the logic compile and test natively.
+
+use std::fmt;
+
+/// One key of a bucket, as last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub key: String,
+    pub revision: u64,
+    pub value: Vec<u8>,
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    pub entries: Vec<Entry>,
+    pub more: bool,
+    pub revision: u64,
+}
+
+/// Why a host operation failed (the WIT `host-error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostError {
+    Unavailable(String),
+    Conflict(String),
+    Denied(String),
+    Invalid(String),
+    Timeout(String),
+    NoResponders(String),
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostError::Unavailable(m) => write!(f, "unavailable: {m}"),
+            HostError::Conflict(m) => write!(f, "conflict: {m}"),
+            HostError::Denied(m) => write!(f, "denied: {m}"),
+            HostError::Invalid(m) => write!(f, "invalid: {m}"),
+            HostError::Timeout(m) => write!(f, "timeout: {m}"),
+            HostError::NoResponders(m) => write!(f, "no responders: {m}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// The host, as the logic sees it.
+pub trait Env {
+    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError>;
+    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError>;
+    fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError>;
+    fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError>;
+    fn request(&self, subject: &str, body: &[u8], timeout_ms: u32) -> Result<Vec<u8>, HostError>;
+    fn log(&self, level: Level, message: &str);
+}

@@ -1,0 +1,176 @@
+//! The key shape of every bucket the provisioner reads (SPEC §3): a parser for each, giving a
+//! typed key or the reason the key is out of shape.
+//!
+//! Parsing is total: any string gets an answer, and no key is ever dropped for being odd.
+
+use crate::escape::{decode, identifier_problem, shorten};
+
+pub const REGISTRY: &str = "mesh-provisioner_registry";
+pub const NEEDS: &str = "mesh-provisioner_needs";
+pub const APPLIED: &str = "mesh-provisioner_applied";
+pub const COLLECT: &str = "mesh-provisioner_collect";
+
+/// A key of `mesh-provisioner_needs`: `<node>.<module>.<kind>.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeedKey {
+    pub node: String,
+    pub module: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// A key of `mesh-provisioner_applied`: `<node>.<module>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedKey {
+    pub node: String,
+    pub module: String,
+}
+
+/// A key of `mesh-provisioner_collect`: `<node>.<collection>.<contributor>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectKey {
+    pub node: String,
+    pub collection: String,
+    pub contributor: String,
+}
+
+/// A key of a provider's `<provider>_bound`: `<node>.<module>.<provision>[.<local>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundKey {
+    pub node: String,
+    pub module: String,
+    pub provision: String,
+    pub local: Option<String>,
+}
+
+/// What one token of a shape holds.
+#[derive(Clone, Copy)]
+enum Token {
+    Ident(&'static str),
+    Name(&'static str),
+}
+
+/// Splits `key` into the tokens of `shape`, checking each; `optional` trailing tokens may be absent.
+fn split(
+    key: &str,
+    what: &str,
+    shape: &[Token],
+    optional: usize,
+) -> Result<Vec<String>, String> {
+    let tokens: Vec<&str> = key.split('.').collect();
+    let spelled: Vec<String> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let name = match t {
+                Token::Ident(n) | Token::Name(n) => *n,
+            };
+            if i >= shape.len() - optional { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
+        })
+        .collect();
+    let min = shape.len() - optional;
+    if tokens.len() < min || tokens.len() > shape.len() {
+        return Err(format!(
+            "{what} keys are {}: {} token{}",
+            spelled.concat(),
+            tokens.len(),
+            if tokens.len() == 1 { "" } else { "s" }
+        ));
+    }
+    tokens
+        .iter()
+        .zip(shape)
+        .enumerate()
+        .map(|(i, (token, t))| match t {
+            Token::Ident(name) => match identifier_problem(token) {
+                None => Ok(token.to_string()),
+                Some(p) => Err(format!("token {} (<{name}>) {p}", i + 1)),
+            },
+            Token::Name(name) => decode(token).map_err(|e| {
+                format!("token {} (<{name}>) {:?}: {e}", i + 1, shorten(token))
+            }),
+        })
+        .collect()
+}
+
+/// A registry key is one kind.
+pub fn parse_registry(key: &str) -> Result<String, String> {
+    let mut t = split(key, "registry", &[Token::Ident("kind")], 0)?;
+    Ok(t.remove(0))
+}
+
+pub fn parse_need(key: &str) -> Result<NeedKey, String> {
+    let shape = [Token::Ident("node"), Token::Ident("module"), Token::Ident("kind"), Token::Name("name")];
+    let mut t = split(key, "needs", &shape, 0)?.into_iter();
+    let mut next = || t.next().unwrap_or_default();
+    Ok(NeedKey { node: next(), module: next(), kind: next(), name: next() })
+}
+
+pub fn parse_applied(key: &str) -> Result<AppliedKey, String> {
+    let shape = [Token::Ident("node"), Token::Ident("module")];
+    let mut t = split(key, "applied", &shape, 0)?.into_iter();
+    let mut next = || t.next().unwrap_or_default();
+    Ok(AppliedKey { node: next(), module: next() })
+}
+
+pub fn parse_collect(key: &str) -> Result<CollectKey, String> {
+    let shape = [Token::Ident("node"), Token::Name("collection"), Token::Ident("contributor")];
+    let mut t = split(key, "collect", &shape, 0)?.into_iter();
+    let mut next = || t.next().unwrap_or_default();
+    Ok(CollectKey { node: next(), collection: next(), contributor: next() })
+}
+
+pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
+    let shape = [
+        Token::Ident("node"),
+        Token::Ident("module"),
+        Token::Ident("provision"),
+        Token::Ident("local"),
+    ];
+    let mut t = split(key, "bound", &shape, 1)?.into_iter();
+    let mut next = || t.next();
+    Ok(BoundKey {
+        node: next().unwrap_or_default(),
+        module: next().unwrap_or_default(),
+        provision: next().unwrap_or_default(),
+        local: next(),
+    })
+}
+
+/// The bucket a provider's bound values live in.
+pub fn bound_bucket(provider: &str) -> String {
+    format!("{provider}_bound")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_each_shape() {
+        assert_eq!(
+            parse_need("alpha.app.config.db=2Eurl").unwrap(),
+            NeedKey { node: "alpha".into(), module: "app".into(), kind: "config".into(), name: "db.url".into() }
+        );
+        assert_eq!(parse_applied("alpha.app").unwrap().module, "app");
+        assert_eq!(parse_collect("alpha.shell=3Azsh=3Anormal.app").unwrap().collection, "shell:zsh:normal");
+        assert_eq!(parse_bound("a.m.db").unwrap().local, None);
+        assert_eq!(parse_bound("a.m.db.ro").unwrap().local.as_deref(), Some("ro"));
+        assert_eq!(parse_registry("config").unwrap(), "config");
+    }
+
+    #[test]
+    fn says_why_a_key_is_out_of_shape() {
+        assert_eq!(
+            parse_collect("alpha.shell").unwrap_err(),
+            "collect keys are <node>.<collection>.<contributor>: 2 tokens"
+        );
+        assert!(parse_need("alpha.app.config.x.y").unwrap_err().contains("5 tokens"));
+        assert!(parse_need("alpha..config.x").unwrap_err().contains("token 2 (<module>) is empty"));
+        assert!(parse_need("alpha.app.config.=3a").unwrap_err().contains("upper-case"));
+        assert!(parse_need("alpha.app.config.=C3").unwrap_err().contains("UTF-8"));
+        assert!(parse_applied("alpha.a=3Db").unwrap_err().contains("not an identifier"));
+        assert!(parse_bound("a.m").unwrap_err().contains("<node>.<module>.<provision>[.<local>]"));
+        assert!(parse_registry("a.b").unwrap_err().contains("2 tokens"));
+    }
+}

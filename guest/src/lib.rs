@@ -1,0 +1,26 @@
+//! mesh-provisioner's logic: key shapes and escaping, the registry table and its reconciliation,
+//! and the verbs. Built as a WebAssembly component (`wasm32-wasip2`), run by the host.
+//!
+//! Everything here is plain Rust over the [`env::Env`] trait, so it compiles and is tested
+//! natively too; `bindings` (wasm only) is the thin layer that ties `Env` to the WIT imports and
+//! the WIT exports to these functions. This crate does no I/O and knows nothing of NATS: it
+//! reads and writes only through `Env`.
+
+pub mod env;
+pub mod escape;
+pub mod keys;
+pub mod reconcile;
+pub mod registry;
+pub mod request;
+pub mod value;
+pub mod verb;
+
+#[cfg(target_arch = "wasm32")]
+mod bindings;
+
+/// The program's name, as build info reports it.
+pub const NAME: &str = "mesh-provisioner";
+/// The guest's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The WIT package this guest implements.
+pub const WIT_VERSION: &str = "mesh:provisioner@0.1.0";

@@ -1,0 +1,233 @@
+//! Reading and validating a request of the verb `mesh-provisioner.provisioning` (SPEC §5).
+//!
+//! Everything a requester controls is checked before any read: the body's size and encoding,
+//! that it is one JSON object without repeated fields, each field's type, which fields apply to
+//! `what`, identifiers, and the paging limit (clamped). A request is refused, never widened.
+
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::escape::{identifier_problem, shorten, MAX_NAME_BYTES};
+
+/// Largest request body read; a request is a handful of short fields.
+pub const MAX_BODY: usize = 16 * 1024;
+/// Default and largest page.
+pub const MAX_LIMIT: u32 = 1000;
+/// Longest `after` cursor (NATS keys are far shorter).
+pub const MAX_AFTER: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    Registry,
+    Needs,
+    Applied,
+    Collect,
+}
+
+impl What {
+    pub fn name(self) -> &'static str {
+        match self {
+            What::Registry => "registry",
+            What::Needs => "needs",
+            What::Applied => "applied",
+            What::Collect => "collect",
+        }
+    }
+
+    fn allows(self, field: &str) -> bool {
+        matches!(
+            (self, field),
+            (_, "what" | "limit" | "after")
+                | (What::Registry, "kind")
+                | (What::Needs, "node" | "module" | "kind")
+                | (What::Applied, "node" | "module")
+                | (What::Collect, "node" | "module" | "collection")
+        )
+    }
+}
+
+/// A validated request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub what: What,
+    pub node: Option<String>,
+    pub module: Option<String>,
+    pub kind: Option<String>,
+    /// The decoded collection name.
+    pub collection: Option<String>,
+    pub limit: u32,
+    pub after: Option<String>,
+}
+
+/// A JSON object read field by field, refusing a field given twice (serde_json would keep the
+/// last, letting `{"node":"alpha","node":"*"}` slip past a reviewer's eye).
+pub struct Fields(pub Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Fields;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields: Vec<(String, Value)> = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    if fields.iter().any(|(seen, _)| *seen == k) {
+                        return Err(serde::de::Error::custom(format!("field {:?} is given twice", shorten(&k))));
+                    }
+                    fields.push((k, v));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Reads a body into its fields: at most [`MAX_BODY`] bytes of UTF-8 holding one JSON object.
+/// An empty body is `{}`.
+pub fn fields(body: &[u8]) -> Result<Vec<(String, Value)>, String> {
+    if body.len() > MAX_BODY {
+        return Err(format!("the body is {} bytes; at most {MAX_BODY} are read", body.len()));
+    }
+    let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str::<Fields>(text)
+        .map(|f| f.0)
+        .map_err(|e| format!("the body must be one JSON object: {e}"))
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The field's string, or why it is not one.
+pub fn string_field(field: &str, v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        other => Err(format!("field `{field}` must be a string, not {}", type_name(other))),
+    }
+}
+
+/// The field's identifier, or why it is not one.
+pub fn identifier_field(field: &str, v: &Value) -> Result<String, String> {
+    let s = string_field(field, v)?;
+    match identifier_problem(&s) {
+        None => Ok(s),
+        Some(p) => Err(format!("field `{field}` {p}")),
+    }
+}
+
+pub fn parse(body: &[u8]) -> Result<Query, String> {
+    let fields = fields(body)?;
+    let what = match fields.iter().find(|(k, _)| k == "what") {
+        None => What::Registry,
+        Some((_, v)) => match string_field("what", v)?.as_str() {
+            "registry" => What::Registry,
+            "needs" => What::Needs,
+            "applied" => What::Applied,
+            "collect" => What::Collect,
+            other => {
+                return Err(format!(
+                    "field `what` is {:?}; it is one of registry, needs, applied, collect",
+                    shorten(other)
+                ))
+            }
+        },
+    };
+    let mut q = Query { what, node: None, module: None, kind: None, collection: None, limit: MAX_LIMIT, after: None };
+    for (field, v) in &fields {
+        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "limit" | "after") {
+            return Err(format!("unknown field {:?}", shorten(field)));
+        }
+        if !what.allows(field) {
+            return Err(format!("field `{field}` does not apply to what={}", what.name()));
+        }
+        match field.as_str() {
+            "node" => q.node = Some(identifier_field(field, v)?),
+            "module" => q.module = Some(identifier_field(field, v)?),
+            "kind" => q.kind = Some(identifier_field(field, v)?),
+            "collection" => {
+                let c = string_field(field, v)?;
+                if c.is_empty() || c.len() > MAX_NAME_BYTES {
+                    return Err(format!("field `collection` must be 1 to {MAX_NAME_BYTES} bytes, not {}", c.len()));
+                }
+                q.collection = Some(c);
+            }
+            "limit" => q.limit = limit(v)?,
+            "after" => q.after = Some(after(v)?),
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+/// `limit` is a whole number from 1; above [`MAX_LIMIT`] it is clamped.
+fn limit(v: &Value) -> Result<u32, String> {
+    match v.as_u64() {
+        Some(0) => Err("field `limit` must be at least 1".into()),
+        Some(n) => Ok(n.min(MAX_LIMIT as u64) as u32),
+        None => Err(format!("field `limit` must be a whole number from 1, not {}", shorten(&v.to_string()))),
+    }
+}
+
+/// `after` is a key: the key alphabet, `.` and `=` only, so it can never act as a wildcard.
+fn after(v: &Value) -> Result<String, String> {
+    let s = string_field("after", v)?;
+    if s.is_empty() || s.len() > MAX_AFTER {
+        return Err(format!("field `after` must be 1 to {MAX_AFTER} bytes, not {}", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || "-_/=.".contains(*c))) {
+        return Err(format!("field `after` is a key and may not hold {c:?}"));
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_body_asks_for_the_registry() {
+        let q = parse(b"").unwrap();
+        assert_eq!((q.what, q.limit), (What::Registry, MAX_LIMIT));
+        assert_eq!(parse(b"  {} ").unwrap().what, What::Registry);
+    }
+
+    #[test]
+    fn clamps_the_limit_at_its_edges() {
+        assert_eq!(parse(br#"{"limit":1}"#).unwrap().limit, 1);
+        assert_eq!(parse(br#"{"limit":1000}"#).unwrap().limit, 1000);
+        assert_eq!(parse(br#"{"limit":1001}"#).unwrap().limit, 1000);
+        assert_eq!(parse(br#"{"limit":18446744073709551615}"#).unwrap().limit, 1000);
+        assert!(parse(br#"{"limit":0}"#).unwrap_err().contains("at least 1"));
+        assert!(parse(br#"{"limit":-1}"#).unwrap_err().contains("whole number"));
+        assert!(parse(br#"{"limit":2.5}"#).unwrap_err().contains("whole number"));
+    }
+
+    #[test]
+    fn refuses_a_field_given_twice() {
+        let e = parse(br#"{"what":"needs","node":"alpha","node":"*"}"#).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
+    }
+
+    #[test]
+    fn refuses_a_body_over_the_limit() {
+        let body = vec![b' '; MAX_BODY + 1];
+        assert!(parse(&body).unwrap_err().contains("at most"));
+    }
+}

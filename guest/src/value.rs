@@ -1,0 +1,75 @@
+//! Passing stored values through to a reply without losing any (SPEC §3): JSON as it is, other
+//! UTF-8 as a string marked `"encoding":"utf-8"`, anything else as base64 marked
+//! `"encoding":"base64"`.
+
+use serde_json::value::RawValue;
+
+/// Appends `s` to `out` as a JSON string.
+pub fn push_str(out: &mut String, s: &str) {
+    // Serializing a &str cannot fail.
+    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
+}
+
+/// Appends `,"value":…` (and `,"encoding":…` when the bytes are not JSON) to `out`.
+pub fn push_value(out: &mut String, bytes: &[u8]) {
+    out.push_str(",\"value\":");
+    if let Ok(raw) = serde_json::from_slice::<&RawValue>(bytes) {
+        out.push_str(raw.get());
+    } else if let Ok(text) = std::str::from_utf8(bytes) {
+        push_str(out, text);
+        out.push_str(",\"encoding\":\"utf-8\"");
+    } else {
+        out.push('"');
+        out.push_str(&base64(bytes));
+        out.push_str("\",\"encoding\":\"base64\"");
+    }
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(bytes: &[u8]) -> String {
+        let mut s = String::new();
+        push_value(&mut s, bytes);
+        s
+    }
+
+    #[test]
+    fn passes_json_through_as_it_is() {
+        assert_eq!(render(br#"{"line":"export X=1"}"#), r#","value":{"line":"export X=1"}"#);
+        assert_eq!(render(b"42"), r#","value":42"#);
+    }
+
+    #[test]
+    fn marks_text_and_binary_values() {
+        assert_eq!(render(b"plain text"), r#","value":"plain text","encoding":"utf-8""#);
+        assert_eq!(render(b""), r#","value":"","encoding":"utf-8""#);
+        assert_eq!(render(&[0xff, 0x00, 0x41]), r#","value":"/wBB","encoding":"base64""#);
+    }
+
+    #[test]
+    fn encodes_base64_like_rfc_4648() {
+        for (input, want) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+            assert_eq!(base64(input.as_bytes()), want);
+        }
+    }
+}

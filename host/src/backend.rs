@@ -1,0 +1,138 @@
+//! What the guest's imports are backed by: mirrors to read, the registry to write, a bus to ask.
+//!
+//! [`crate::nats::NatsBackend`] is the real one; [`MemoryBackend`] serves the guest's tests and
+//! the `registry` command, which need no bus. Neither knows what a key means.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::mirror::Mirror;
+
+/// The bucket the registry writer addresses; the only bucket the guest can write.
+pub const REGISTRY_BUCKET: &str = "mesh-provisioner_registry";
+
+pub trait Backend: Send + Sync + 'static {
+    /// The mirror of `bucket`, started on first use and in sync when returned.
+    fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>>;
+    /// Compare-and-set write of the registry (`expected` 0: the key must not exist).
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>>;
+    /// Compare-and-set delete of a registry key.
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>>;
+    /// A request on the bus.
+    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>>;
+}
+
+/// Bucket names as JetStream accepts them, checked before anything is asked.
+pub fn check_bucket(bucket: &str) -> Result<()> {
+    let ok = !bucket.is_empty()
+        && bucket.len() <= 255
+        && bucket.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Invalid, format!("{:?} is not a bucket name", bucket.chars().take(80).collect::<String>())))
+    }
+}
+
+type Responder = Box<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+
+/// Buckets and responders in memory. Revisions count per bucket, as in a JetStream stream.
+#[derive(Default)]
+pub struct MemoryBackend {
+    mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
+    responders: Mutex<HashMap<String, Responder>>,
+    writes: Mutex<u64>,
+}
+
+impl MemoryBackend {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The bucket's mirror, created empty and ready if missing.
+    pub fn bucket(&self, bucket: &str) -> Arc<Mirror> {
+        let mut m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(bucket.to_string())
+            .or_insert_with(|| {
+                let mirror = Arc::new(Mirror::new());
+                mirror.set_ready(true);
+                mirror
+            })
+            .clone()
+    }
+
+    /// Writes as a node client would: a new revision, no check.
+    pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> u64 {
+        let _w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.bucket(bucket);
+        let rev = m.revision() + 1;
+        m.put(key, rev, value);
+        rev
+    }
+
+    pub fn delete(&self, bucket: &str, key: &str) -> u64 {
+        let _w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.bucket(bucket);
+        let rev = m.revision() + 1;
+        m.delete(key, rev);
+        rev
+    }
+
+    /// Answers requests on `subject` with `reply(body)`.
+    pub fn respond(&self, subject: &str, reply: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static) {
+        self.responders.lock().unwrap_or_else(|p| p.into_inner()).insert(subject.to_string(), Box::new(reply));
+    }
+
+    /// How many registry writes the guest has made.
+    pub fn registry_writes(&self) -> u64 {
+        *self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cas(&self, key: &str, value: Option<&[u8]>, expected: u64) -> Result<u64> {
+        crate::mirror::check_subject(key, false)?;
+        let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.bucket(REGISTRY_BUCKET);
+        let current = m.get(key)?.map(|e| e.revision).unwrap_or(0);
+        if current != expected {
+            return Err(Error::new(ErrorKind::Conflict, format!("{key} is at revision {current}, not {expected}")));
+        }
+        let rev = m.revision() + 1;
+        match value {
+            Some(v) => m.put(key, rev, v),
+            None => m.delete(key, rev),
+        }
+        *writes += 1;
+        Ok(rev)
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
+        Box::pin(async move {
+            check_bucket(bucket)?;
+            Ok(self.bucket(bucket))
+        })
+    }
+
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move { self.cas(key, Some(&value), expected) })
+    }
+
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { self.cas(key, None, expected).map(|_| ()) })
+    }
+
+    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, _timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>> {
+        Box::pin(async move {
+            let r = self.responders.lock().unwrap_or_else(|p| p.into_inner());
+            match r.get(subject) {
+                Some(f) => Ok(f(&body)),
+                None => Err(Error::new(ErrorKind::NoResponders, format!("no responders on {subject}"))),
+            }
+        })
+    }
+}

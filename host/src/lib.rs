@@ -1,0 +1,11 @@
+//! The host of mesh-provisioner: runs the guest component (all of the logic) over NATS
+//! JetStream. It mirrors buckets, writes the registry on the guest's word, serves the verbs as a
+//! NATS micro service, and starts an embedded `nats-server` when given no bus.
+//!
+//! The host moves bytes: it never parses a key, escapes a name or knows a registry entry; those
+//! live in the guest only.
+
+pub mod backend;
+pub mod error;
+pub mod mirror;
+pub mod runtime;

@@ -1,0 +1,273 @@
+//! Running the guest component: one engine, a pre-instantiated component, and calls made in
+//! fresh, limited stores.
+//!
+//! Every call gets a new instance from the [`ProvisionerPre`](bindings::ProvisionerPre) (tens of
+//! microseconds), an epoch deadline and a memory limit; a trap, a deadline or an exhausted limit
+//! is an [`ErrorKind::Guest`] error and the next call starts clean. The guest's WASI context
+//! grants nothing: no preopened directories, environment, arguments or sockets.
+
+mod bindings;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::backend::Backend;
+use crate::error::{Error, ErrorKind, Result};
+use bindings::{api, Imports, Provisioner, ProvisionerPre};
+
+pub use bindings::MAX_REQUEST_TIMEOUT;
+
+/// How often the epoch advances; deadlines are counted in these ticks.
+pub const TICK: Duration = Duration::from_millis(5);
+
+/// Per-call limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Wall time a call may take, host imports included.
+    pub deadline: Duration,
+    /// Bytes of linear memory (and tables) a call may grow to.
+    pub memory: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { deadline: Duration::from_secs(2), memory: 64 << 20 }
+    }
+}
+
+/// The data of one call's store.
+pub struct Ctx {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    backend: Arc<dyn Backend>,
+}
+
+impl WasiView for Ctx {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// The wasmtime engine, with its epoch ticking on a thread of its own.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<Ctx>>,
+    _ticker: Arc<Ticker>,
+}
+
+struct Ticker(Arc<AtomicBool>);
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    pub fn new() -> Result<Self> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| Error::new(ErrorKind::Config, format!("wasmtime engine: {e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(guest_err("linking WASI"))?;
+        Provisioner::add_to_linker::<Ctx, Imports>(&mut linker, |c| c).map_err(guest_err("linking imports"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (e, s) = (engine.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("epoch".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    e.increment_epoch();
+                }
+            })
+            .map_err(|e| Error::new(ErrorKind::Config, format!("epoch thread: {e}")))?;
+        Ok(Runtime { engine, linker: Arc::new(linker), _ticker: Arc::new(Ticker(stop)) })
+    }
+
+    /// Compiles `bytes`, or loads the precompiled artifact cached under `cache` for the same
+    /// digest and engine, and links it against the WIT world (the type check).
+    pub fn load(&self, bytes: &[u8], cache: Option<&Path>) -> Result<Guest> {
+        let digest = hex::encode(Sha256::digest(bytes));
+        if bytes.get(..4) != Some(b"\0asm") {
+            return Err(Error::new(ErrorKind::Guest, "not a WebAssembly file (no \\0asm header)"));
+        }
+        let (component, cached) = self.compile(bytes, &digest, cache)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(guest_err("the component does not fit the WIT world (mesh:provisioner@0.1.0)"))?;
+        let pre = ProvisionerPre::new(pre).map_err(guest_err("the component does not export the WIT api"))?;
+        Ok(Guest { runtime: self.clone(), pre, digest, cached })
+    }
+
+    fn compile(&self, bytes: &[u8], digest: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
+        let path = cache.map(|dir| self.artifact_path(dir, digest));
+        if let Some(p) = path.as_ref().filter(|p| p.exists()) {
+            // SAFETY: the artifact was written by `Component::serialize` of an engine with the
+            // same compatibility hash (it is in the file name), into the program's own state
+            // directory; wasmtime also checks the header before use.
+            match unsafe { Component::deserialize_file(&self.engine, p) } {
+                Ok(c) => return Ok((c, true)),
+                Err(e) => tracing::warn!(path = %p.display(), "cached component unusable, recompiling: {e:#}"),
+            }
+        }
+        let component = Component::new(&self.engine, bytes).map_err(guest_err("compiling the component"))?;
+        if let Some(p) = path {
+            let written = component.serialize().map_err(|e| e.to_string()).and_then(|art| {
+                std::fs::create_dir_all(p.parent().unwrap_or(Path::new("."))).map_err(|e| e.to_string())?;
+                let tmp = p.with_extension("tmp");
+                std::fs::write(&tmp, art).map_err(|e| e.to_string())?;
+                std::fs::rename(&tmp, &p).map_err(|e| e.to_string())
+            });
+            if let Err(e) = written {
+                tracing::warn!(path = %p.display(), "could not cache the compiled component: {e}");
+            }
+        }
+        Ok((component, false))
+    }
+
+    fn artifact_path(&self, dir: &Path, digest: &str) -> PathBuf {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        dir.join(format!("{digest}-{:016x}.cwasm", h.finish()))
+    }
+}
+
+fn guest_err(what: &'static str) -> impl Fn(wasmtime::Error) -> Error {
+    move |e| Error::new(ErrorKind::Guest, format!("{what}: {e:#}"))
+}
+
+/// Who a component says it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildInfo {
+    pub name: String,
+    pub version: String,
+    pub wit_version: String,
+}
+
+/// How a verb's reply is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyCode {
+    Ok,
+    BadRequest,
+    Unavailable,
+    Internal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub code: ReplyCode,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub puts: Vec<String>,
+    pub deletes: Vec<String>,
+    pub unchanged: Vec<String>,
+    pub conflicts: Vec<String>,
+}
+
+impl ReconcileReport {
+    pub fn writes(&self) -> usize {
+        self.puts.len() + self.deletes.len()
+    }
+}
+
+/// A compiled, linked component, ready to instantiate.
+#[derive(Clone)]
+pub struct Guest {
+    runtime: Runtime,
+    pre: ProvisionerPre<Ctx>,
+    digest: String,
+    cached: bool,
+}
+
+impl Guest {
+    /// The SHA-256 of the component's bytes, hex.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Whether compilation was skipped for a cached artifact.
+    pub fn from_cache(&self) -> bool {
+        self.cached
+    }
+
+    async fn instance(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<(Store<Ctx>, Provisioner)> {
+        let ctx = Ctx {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new().memory_size(limits.memory).table_elements(100_000).instances(16).trap_on_grow_failure(true).build(),
+            backend,
+        };
+        let mut store = Store::new(&self.runtime.engine, ctx);
+        store.limiter(|c| &mut c.limits);
+        let ticks = (limits.deadline.as_nanos() / TICK.as_nanos()).max(1) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+        let instance = self.pre.instantiate_async(&mut store).await.map_err(call_err(&limits))?;
+        Ok((store, instance))
+    }
+
+    pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
+        let (mut store, p) = self.instance(backend, limits).await?;
+        let i = p.mesh_provisioner_api().call_info(&mut store).await.map_err(call_err(&limits))?;
+        Ok(BuildInfo { name: i.name, version: i.version, wit_version: i.wit_version })
+    }
+
+    pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
+        let (mut store, p) = self.instance(backend, limits).await?;
+        let rows = p.mesh_provisioner_api().call_compile_registry(&mut store).await.map_err(call_err(&limits))?;
+        Ok(rows.into_iter().map(|r| (r.kind, r.value)).collect())
+    }
+
+    /// Reconciles the registry; the inner error is the store's or writer's failure as the guest
+    /// reported it.
+    pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
+        let (mut store, p) = self.instance(backend, limits).await?;
+        let r = p.mesh_provisioner_api().call_reconcile(&mut store).await.map_err(call_err(&limits))?;
+        Ok(r
+            .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
+            .map_err(|e| format!("{e:?}")))
+    }
+
+    pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
+        let (mut store, p) = self.instance(backend, limits).await?;
+        let r = p.mesh_provisioner_api().call_handle(&mut store, verb, body, max_reply).await.map_err(call_err(&limits))?;
+        let code = match r.code {
+            api::ReplyCode::Ok => ReplyCode::Ok,
+            api::ReplyCode::BadRequest => ReplyCode::BadRequest,
+            api::ReplyCode::Unavailable => ReplyCode::Unavailable,
+            api::ReplyCode::Internal => ReplyCode::Internal,
+        };
+        Ok(Reply { code, body: r.body })
+    }
+}
+
+/// Names what stopped a call: the deadline, the memory limit, or another trap.
+fn call_err(limits: &Limits) -> impl Fn(wasmtime::Error) -> Error + '_ {
+    move |e| {
+        let text = format!("{e:#}");
+        let what = match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => format!("the guest ran past its deadline of {:?}", limits.deadline),
+            _ if text.contains("forcing a memory growth failure") || text.contains("memory minimum size") => {
+                format!("the guest exhausted its memory limit of {} bytes", limits.memory)
+            }
+            Some(t) => format!("the guest trapped: {t}"),
+            None => format!("the guest failed: {text}"),
+        };
+        Error::new(ErrorKind::Guest, what)
+    }
+}
