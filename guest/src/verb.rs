@@ -121,7 +121,10 @@ impl Scope {
         };
         let mut out = Vec::new();
         let mut acc: Vec<&str> = Vec::new();
-        for t in self.tokens[..=last.min(self.shape_len.saturating_sub(2))].iter() {
+        for (i, t) in self.tokens[..=last].iter().enumerate() {
+            if i + 1 >= self.shape_len {
+                break;
+            }
             match t {
                 Some(t) => acc.push(t),
                 None => break,

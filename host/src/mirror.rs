@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -50,6 +51,8 @@ struct State {
 #[derive(Debug, Default)]
 pub struct Mirror {
     state: RwLock<State>,
+    /// Keys looked at by scans, for proving that narrowed scans stay narrow.
+    visited: AtomicU64,
 }
 
 impl Mirror {
@@ -120,6 +123,11 @@ impl Mirror {
         self.read().entries.iter().map(|(k, v)| k.len() + v.value.len()).sum()
     }
 
+    /// How many keys scans have looked at so far.
+    pub fn visited(&self) -> u64 {
+        self.visited.load(Ordering::Relaxed)
+    }
+
     pub fn get(&self, key: &str) -> Result<Option<Entry>> {
         check_subject(key, false)?;
         let s = self.read();
@@ -144,7 +152,9 @@ impl Mirror {
             _ => Bound::Included(prefix.as_str()),
         };
         let mut page = Page { revision: s.revision, ..Page::default() };
+        let mut visited = 0;
         for (key, v) in s.entries.range::<str, _>((start, Bound::Unbounded)) {
+            visited += 1;
             if !key.starts_with(prefix.as_str()) {
                 break;
             }
@@ -157,6 +167,7 @@ impl Mirror {
             }
             page.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
         }
+        self.visited.fetch_add(visited, Ordering::Relaxed);
         Ok(page)
     }
 }

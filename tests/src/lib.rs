@@ -1,1 +1,77 @@
-//! Shared helpers of the integration and end-to-end tests.
+//! Shared helpers of the integration and end-to-end tests: where the built component is, one
+//! compiled guest per test binary, and a way to ask it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use mesh_provisioner::backend::Backend;
+use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
+use serde_json::Value;
+
+pub mod nats;
+
+/// The workspace's root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where cargo puts build output (honours `CARGO_TARGET_DIR`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"))
+}
+
+/// The component built by `cargo build -p guest --target wasm32-wasip2 --release` (the test
+/// command builds it first), or `MESH_PROVISIONER_COMPONENT`.
+pub fn component_path() -> PathBuf {
+    let path = std::env::var_os("MESH_PROVISIONER_COMPONENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("wasm32-wasip2/release/guest.wasm"));
+    assert!(path.exists(), "no component at {}: run the README's test command (scripts/test), which builds it", path.display());
+    path
+}
+
+/// The real component, compiled once for the whole test binary.
+pub fn guest() -> Guest {
+    static GUEST: OnceLock<Guest> = OnceLock::new();
+    GUEST
+        .get_or_init(|| {
+            let runtime = Runtime::new().expect("wasmtime runtime");
+            let bytes = std::fs::read(component_path()).expect("read component");
+            runtime.load(&bytes, None).expect("compile component")
+        })
+        .clone()
+}
+
+/// Asks the provisioning verb, returning the code and the parsed body.
+pub async fn ask(backend: Arc<dyn Backend>, body: &[u8]) -> (ReplyCode, Value) {
+    ask_with(backend, body, 1 << 20).await
+}
+
+pub async fn ask_with(backend: Arc<dyn Backend>, body: &[u8], max_reply: u32) -> (ReplyCode, Value) {
+    let reply = guest()
+        .handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, max_reply)
+        .await
+        .expect("the guest answers");
+    assert!(reply.body.len() <= max_reply.max(4096) as usize, "reply of {} bytes over {max_reply}", reply.body.len());
+    let v: Value = serde_json::from_slice(&reply.body).expect("the reply is JSON");
+    (reply.code, v)
+}
+
+/// The keys of a reply's `entries`.
+pub fn keys(v: &Value) -> Vec<String> {
+    list(v, "entries")
+}
+
+/// The keys of a reply's `out_of_shape`.
+pub fn out_of_shape(v: &Value) -> Vec<String> {
+    list(v, "out_of_shape")
+}
+
+fn list(v: &Value, field: &str) -> Vec<String> {
+    v[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {field} in {v}"))
+        .iter()
+        .map(|e| e["key"].as_str().unwrap_or_default().to_string())
+        .collect()
+}

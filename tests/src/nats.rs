@@ -1,0 +1,1 @@
+//! Running a real `nats-server` for end-to-end tests.
