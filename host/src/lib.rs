@@ -6,6 +6,17 @@
 //! live in the guest only.
 
 pub mod backend;
+pub mod check;
+pub mod cli;
+pub mod connect;
+pub mod current;
+pub mod demo;
+pub mod embedded;
 pub mod error;
+pub mod logging;
 pub mod mirror;
+pub mod nats;
+pub mod query;
 pub mod runtime;
+pub mod serve;
+pub mod service;

@@ -1,1 +1,27 @@
-fn main() {}
+//! The `mesh-provisioner` binary: parses the command line and hands over to the library.
+
+use clap::Parser;
+use mesh_provisioner::cli::{Cli, Command, LogFormat};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let json = matches!(&cli.command, Command::Serve(s) if s.log_format == LogFormat::Json);
+    mesh_provisioner::logging::init(json);
+    let result = match cli.command {
+        Command::Serve(args) => mesh_provisioner::serve::run(args).await,
+        Command::Query(args) => mesh_provisioner::query::run(args).await,
+        Command::Registry(args) => mesh_provisioner::check::registry(&args.component).await,
+        Command::Check(args) => mesh_provisioner::check::check(&args.component).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mesh-provisioner: {e}");
+            std::process::ExitCode::from(match e.kind() {
+                mesh_provisioner::error::ErrorKind::Invalid => 2,
+                _ => 1,
+            })
+        }
+    }
+}

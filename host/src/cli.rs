@@ -1,0 +1,197 @@
+//! The command line: `serve`, `query`, `registry`, `check`. Every flag can also come from a
+//! `MESH_PROVISIONER_*` environment variable.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "mesh-provisioner", version, about = "The provisioning server of the mesh")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Holds the seat: mirrors the buckets, reconciles the registry and serves the verbs.
+    Serve(Serve),
+    /// Asks the provisioning verb and prints the answer.
+    Query(Query),
+    /// Prints the registry compiled into a component (runs the component; no bus needed).
+    Registry(RegistryCmd),
+    /// Runs the checks a component must pass before it may serve.
+    Check(Check),
+}
+
+/// How to reach the bus.
+#[derive(Args, Debug, Clone, Default)]
+pub struct Connect {
+    /// NATS server URL; without it, `serve` starts an embedded nats-server and `query` asks it.
+    #[arg(long, env = "MESH_PROVISIONER_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// A NATS credentials file (JWT and nkey seed).
+    #[arg(long, env = "MESH_PROVISIONER_CREDS")]
+    pub creds: Option<PathBuf>,
+    /// A file holding an nkey seed.
+    #[arg(long, env = "MESH_PROVISIONER_NKEY")]
+    pub nkey: Option<PathBuf>,
+    #[arg(long, env = "MESH_PROVISIONER_USER", requires = "password")]
+    pub user: Option<String>,
+    #[arg(long, env = "MESH_PROVISIONER_PASSWORD", requires = "user", hide_env_values = true)]
+    pub password: Option<String>,
+    #[arg(long, env = "MESH_PROVISIONER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A CA certificate to trust (PEM).
+    #[arg(long, env = "MESH_PROVISIONER_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM), with --tls-key.
+    #[arg(long, env = "MESH_PROVISIONER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "MESH_PROVISIONER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse to talk to the server without TLS.
+    #[arg(long, env = "MESH_PROVISIONER_TLS_REQUIRED")]
+    pub tls_required: bool,
+    /// The state directory (component cache, embedded server data, kept plans).
+    #[arg(long, env = "MESH_PROVISIONER_STATE_DIR", default_value_os_t = default_state_dir())]
+    pub state_dir: PathBuf,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct Serve {
+    #[command(flatten)]
+    pub connect: Connect,
+    /// The guest component (.wasm).
+    #[arg(long, env = "MESH_PROVISIONER_COMPONENT")]
+    pub component: PathBuf,
+    /// How often the registry is reconciled (e.g. 1h, 30m, 10s).
+    #[arg(long, env = "MESH_PROVISIONER_REGISTRY_EVERY", default_value = "1h", value_parser = parse_duration)]
+    pub registry_every: Duration,
+    /// Wall time one guest call may take.
+    #[arg(long, env = "MESH_PROVISIONER_GUEST_DEADLINE", default_value = "2s", value_parser = parse_duration)]
+    pub guest_deadline: Duration,
+    /// Memory one guest call may use, in MiB.
+    #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub guest_memory: u32,
+    /// Replicas of the buckets the server creates.
+    #[arg(long, env = "MESH_PROVISIONER_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub replicas: u8,
+    /// The embedded server's port (a free one if not given).
+    #[arg(long, env = "MESH_PROVISIONER_EMBEDDED_PORT")]
+    pub embedded_port: Option<u16>,
+    /// Also write a small demo mesh, as node clients would (embedded server only).
+    #[arg(long)]
+    pub demo: bool,
+    #[arg(long, env = "MESH_PROVISIONER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum What {
+    Registry,
+    Needs,
+    Applied,
+    Collect,
+}
+
+#[derive(Args, Debug)]
+pub struct Query {
+    /// What to list.
+    #[arg(value_enum, default_value_t = What::Registry)]
+    pub what: What,
+    #[arg(long)]
+    pub node: Option<String>,
+    #[arg(long)]
+    pub module: Option<String>,
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// A collection, by its name (e.g. shell:zsh:normal).
+    #[arg(long)]
+    pub collection: Option<String>,
+    #[arg(long)]
+    pub limit: Option<u64>,
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Follow `next` and print every page.
+    #[arg(long)]
+    pub all: bool,
+    /// Print the raw JSON reply.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub connect: Connect,
+}
+
+#[derive(Args, Debug)]
+pub struct RegistryCmd {
+    #[arg(long, env = "MESH_PROVISIONER_COMPONENT")]
+    pub component: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct Check {
+    /// The component to check.
+    pub component: PathBuf,
+}
+
+/// `$XDG_STATE_HOME/mesh-provisioner`, else `~/.local/state/mesh-provisioner`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("mesh-provisioner");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/state/mesh-provisioner"),
+        None => PathBuf::from(".mesh-provisioner"),
+    }
+}
+
+/// `250ms`, `10s`, `30m`, `1h`, `2d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like 250ms, 10s, 30m or 1h"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "d" => Duration::from_secs(n.saturating_mul(86400)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+    };
+    if d.is_zero() {
+        return Err("a duration must be more than zero".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_durations_and_refuses_nonsense() {
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1y").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,152 @@
+//! The embedded default: with no bus address, `serve` runs its own `nats-server` on loopback,
+//! with JetStream and its data in the state directory, configured from the repository's
+//! example config (`deploy/nats-server.conf`) so the accounts and limits are the real ones.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The example server config, with `{{…}}` placeholders.
+pub const SERVER_CONF: &str = include_str!("../../deploy/nats-server.conf");
+
+/// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
+pub const USERS: [(&str, &str); 6] = [
+    ("PROVISIONER", "mesh-provisioner"),
+    ("NODE_ALPHA", "node-alpha"),
+    ("NODE_BETA", "node-beta"),
+    ("NODE_GAMMA", "node-gamma"),
+    ("PROVIDER_POSTGRES", "provider-postgres"),
+    ("SYSTEM", "system"),
+];
+
+/// How to reach an embedded server, kept in the state directory so `query` finds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Access {
+    pub url: String,
+    /// user name → password, for every user of the config.
+    pub passwords: Vec<(String, String)>,
+}
+
+impl Access {
+    pub fn password(&self, user: &str) -> Option<&str> {
+        self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str())
+    }
+
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("embedded.json")
+    }
+
+    pub fn load(state_dir: &Path) -> Result<Access> {
+        let path = Self::path(state_dir);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::new(ErrorKind::Config, format!("no embedded server recorded at {}: {e}", path.display())))?;
+        serde_json::from_str(&text).map_err(|e| Error::new(ErrorKind::Config, format!("{} is unreadable: {e}", path.display())))
+    }
+}
+
+/// Renders the example config for a port, a store directory and passwords.
+pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)]) -> String {
+    let mut conf = SERVER_CONF.replace("{{PORT}}", &port.to_string()).replace("{{STORE_DIR}}", &store_dir.display().to_string());
+    for (placeholder, user) in USERS {
+        let password = passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str()).unwrap_or("");
+        conf = conf.replace(&format!("{{{{PASSWORD_{placeholder}}}}}"), password);
+    }
+    conf
+}
+
+/// A free loopback port, as the OS hands one out.
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::new(ErrorKind::Config, format!("no free port: {e}")))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+}
+
+/// A random password from the OS.
+pub fn random_password() -> Result<String> {
+    let mut bytes = [0u8; 18];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::new(ErrorKind::Config, format!("reading /dev/urandom: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// A running `nats-server`, stopped when dropped.
+pub struct Server {
+    child: Child,
+    pub access: Access,
+    pub port: u16,
+}
+
+impl Server {
+    /// Starts `nats-server` with the example config under `dir` (`dir/jetstream` holds the data),
+    /// on `port` (a free one if `None`), and waits until it accepts connections.
+    pub async fn start(dir: &Path, port: Option<u16>, passwords: Option<Vec<(String, String)>>) -> Result<Server> {
+        let port = match port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
+        std::fs::create_dir_all(dir).map_err(|e| io("creating the state directory", e))?;
+        let passwords = match passwords {
+            Some(p) => p,
+            None => USERS.iter().map(|(_, u)| Ok((u.to_string(), random_password()?))).collect::<Result<_>>()?,
+        };
+        let conf_path = dir.join("nats-server.conf");
+        let conf = render(port, &dir.join("jetstream"), &passwords);
+        write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
+        let log = std::fs::File::create(dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::new(ErrorKind::Config, format!("starting nats-server (is it on PATH? scripts/setup installs it): {e}")))?;
+        let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords };
+        let mut server = Server { child, access, port };
+        server.wait_ready(Duration::from_secs(20)).await?;
+        Ok(server)
+    }
+
+    async fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::new(ErrorKind::Config, format!("nats-server exited at start ({status}); see its log")));
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(Error::new(ErrorKind::Unavailable, "nats-server did not start listening in time"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Writes a file only its owner can read (it holds passwords).
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    std::fs::rename(tmp, path)
+}

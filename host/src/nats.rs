@@ -1,0 +1,238 @@
+//! The real backend: NATS JetStream, as the provisioner's own account.
+//!
+//! Buckets the guest reads are mirrored on first use (a watch with history, replayed before the
+//! mirror says it is in sync, resynced from scratch if the watch ends); the registry writer is
+//! KV create/update/delete on the expected revision; the bus import is a timed request. Every
+//! async-nats failure becomes a host [`Error`] here, by its kind.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use async_nats::Client;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+
+use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
+use crate::error::{Error, ErrorKind, Result};
+use crate::mirror::Mirror;
+
+/// The buckets the node clients write and the provisioner reads.
+pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
+
+/// How long a first use of a bucket may wait for its mirror to replay.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct NatsBackend {
+    client: Client,
+    js: jetstream::Context,
+    registry: kv::Store,
+    mirrors: std::sync::Mutex<HashMap<String, Arc<Mirror>>>,
+    writable: AtomicBool,
+}
+
+impl NatsBackend {
+    /// Opens (or creates) the provisioner's buckets with `replicas` replicas.
+    pub async fn open(client: Client, replicas: usize) -> Result<Arc<Self>> {
+        let js = jetstream::new(client.clone());
+        let registry = open_bucket(&js, REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas).await?;
+        for b in CLIENT_BUCKETS {
+            open_bucket(&js, b, "written by each node's provisioner client", 1, replicas).await?;
+        }
+        Ok(Arc::new(NatsBackend { client, js, registry, mirrors: Default::default(), writable: AtomicBool::new(true) }))
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Allows or forbids registry writes (only the seat's holder writes).
+    pub fn set_writable(&self, writable: bool) {
+        self.writable.store(writable, Ordering::SeqCst);
+    }
+
+    /// The mirrors started so far.
+    pub fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
+        let m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    async fn mirror_of(&self, bucket: &str) -> Result<Arc<Mirror>> {
+        let existing = self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned();
+        let mirror = match existing {
+            Some(m) => m,
+            None => {
+                check_bucket(bucket)?;
+                // Fail fast on a bucket that does not exist rather than wait for a sync.
+                self.js.get_key_value(bucket).await.map_err(|e| {
+                    Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))
+                })?;
+                let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+                match map.get(bucket) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = Arc::new(Mirror::new());
+                        map.insert(bucket.to_string(), m.clone());
+                        tokio::spawn(follow(self.js.clone(), bucket.to_string(), m.clone()));
+                        m
+                    }
+                }
+            }
+        };
+        let start = Instant::now();
+        while !mirror.is_ready() {
+            if start.elapsed() > SYNC_TIMEOUT {
+                return Err(Error::new(ErrorKind::Unavailable, format!("the mirror of {bucket} is not in sync")));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(mirror)
+    }
+
+    /// Waits (briefly) until the registry mirror shows `revision`, so a reconcile right after
+    /// a write reads its own write.
+    async fn settle(&self, revision: u64) {
+        if let Ok(m) = self.mirror_of(REGISTRY_BUCKET).await {
+            let start = Instant::now();
+            while m.revision() < revision && start.elapsed() < Duration::from_secs(2) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.writable.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::Denied, "this instance does not hold the seat"))
+        }
+    }
+}
+
+async fn open_bucket(js: &jetstream::Context, bucket: &str, description: &str, history: i64, replicas: usize) -> Result<kv::Store> {
+    if let Ok(kv) = js.get_key_value(bucket).await {
+        return Ok(kv);
+    }
+    js.create_key_value(kv::Config {
+        bucket: bucket.to_string(),
+        description: description.to_string(),
+        history,
+        num_replicas: replicas,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
+}
+
+/// Keeps `mirror` equal to `bucket`, resyncing from scratch whenever the watch ends.
+async fn follow(js: jetstream::Context, bucket: String, mirror: Arc<Mirror>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match follow_once(&js, &bucket, &mirror).await {
+            Ok(()) => tracing::warn!(bucket, "watch ended; resyncing the mirror"),
+            Err(e) => tracing::warn!(bucket, "mirror lost: {e}; resyncing"),
+        }
+        mirror.set_ready(false);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn follow_once(js: &jetstream::Context, bucket: &str, mirror: &Mirror) -> Result<()> {
+    let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
+    let kv = js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
+    let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
+    let mut watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+    mirror.clear();
+    if status.values() == 0 {
+        mirror.set_ready(true);
+    }
+    let started = Instant::now();
+    while let Some(entry) = watch.next().await {
+        let entry = entry.map_err(|e| unavailable("watching", &e))?;
+        match entry.operation {
+            kv::Operation::Put => mirror.put(&entry.key, entry.revision, &entry.value),
+            kv::Operation::Delete | kv::Operation::Purge => mirror.delete(&entry.key, entry.revision),
+        }
+        if entry.delta == 0 && !mirror.is_ready() {
+            mirror.set_ready(true);
+            tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
+        }
+    }
+    Ok(())
+}
+
+fn create_err(e: kv::CreateError) -> Error {
+    let kind = match e.kind() {
+        kv::CreateErrorKind::AlreadyExists => ErrorKind::Conflict,
+        kv::CreateErrorKind::InvalidKey => ErrorKind::Invalid,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("registry create: {e}"))
+}
+
+fn update_err(e: kv::UpdateError) -> Error {
+    let kind = match e.kind() {
+        kv::UpdateErrorKind::WrongLastRevision => ErrorKind::Conflict,
+        kv::UpdateErrorKind::InvalidKey => ErrorKind::Invalid,
+        kv::UpdateErrorKind::TimedOut => ErrorKind::Timeout,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("registry write: {e}"))
+}
+
+fn request_err(subject: &str, e: async_nats::RequestError) -> Error {
+    let kind = match e.kind() {
+        async_nats::RequestErrorKind::NoResponders => ErrorKind::NoResponders,
+        async_nats::RequestErrorKind::TimedOut => ErrorKind::Timeout,
+        async_nats::RequestErrorKind::InvalidSubject => ErrorKind::Invalid,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("request on {subject}: {e}"))
+}
+
+impl Backend for NatsBackend {
+    fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
+        Box::pin(self.mirror_of(bucket))
+    }
+
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            self.check_writable()?;
+            crate::mirror::check_subject(key, false)?;
+            let rev = if expected == 0 {
+                self.registry.create(key, value.into()).await.map_err(create_err)?
+            } else {
+                self.registry.update(key, value.into(), expected).await.map_err(update_err)?
+            };
+            self.settle(rev).await;
+            Ok(rev)
+        })
+    }
+
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.check_writable()?;
+            crate::mirror::check_subject(key, false)?;
+            self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err)?;
+            let target = self.mirror_of(REGISTRY_BUCKET).await?.revision() + 1;
+            self.settle(target).await;
+            Ok(())
+        })
+    }
+
+    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>> {
+        Box::pin(async move {
+            crate::mirror::check_subject(subject, false)?;
+            let req = async_nats::Request::new().payload(body.into()).timeout(Some(timeout));
+            let msg = self.client.send_request(subject.to_string(), req).await.map_err(|e| request_err(subject, e))?;
+            Ok(msg.payload.to_vec())
+        })
+    }
+}

@@ -1,0 +1,127 @@
+//! `query`: asks the provisioning verb from a terminal and prints a table (out-of-shape keys
+//! shown, not hidden) or, with `--json`, the raw reply. An error reply exits non-zero.
+
+use serde_json::{json, Value};
+
+use crate::cli::{Query, What};
+use crate::error::{Error, ErrorKind, Result};
+use crate::service::PROVISIONING;
+
+/// Asks once; the reply's JSON, or the error reply as an [`ErrorKind::Invalid`] error.
+pub async fn ask(client: &async_nats::Client, body: &Value, timeout: std::time::Duration) -> Result<Value> {
+    let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(timeout));
+    let msg = client
+        .send_request(PROVISIONING, req)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {PROVISIONING}: {e}")))?;
+    let v: Value = serde_json::from_slice(&msg.payload)
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))?;
+    let status = msg.headers.as_ref().and_then(|h| h.get(async_nats::service::NATS_SERVICE_ERROR_CODE)).map(|c| c.to_string());
+    if let Some(err) = v.get("error") {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "{} ({}): {}",
+                err["code"].as_str().unwrap_or("error"),
+                status.as_deref().unwrap_or("no status"),
+                err["message"].as_str().unwrap_or("")
+            ),
+        ));
+    }
+    Ok(v)
+}
+
+fn request(q: &Query) -> Value {
+    let what = match q.what {
+        What::Registry => "registry",
+        What::Needs => "needs",
+        What::Applied => "applied",
+        What::Collect => "collect",
+    };
+    let mut body = json!({ "what": what });
+    for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
+        if let Some(v) = value {
+            body[field] = json!(v);
+        }
+    }
+    if let Some(l) = q.limit {
+        body["limit"] = json!(l);
+    }
+    body
+}
+
+pub async fn run(q: Query) -> Result<()> {
+    let client = crate::connect::connect_cli(&q.connect, "mesh-provisioner query").await?;
+    let mut body = request(&q);
+    loop {
+        let reply = ask(&client, &body, q.timeout).await?;
+        if q.json {
+            println!("{reply}");
+        } else {
+            print!("{}", table(&reply));
+        }
+        match reply.get("next") {
+            Some(next) if q.all => body["after"] = next.clone(),
+            Some(next) => {
+                if !q.json {
+                    println!("more: --after {}", next.as_str().unwrap_or_default());
+                }
+                return Ok(());
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// A readable table of a reply.
+pub fn table(reply: &Value) -> String {
+    let columns: &[&str] = match reply["what"].as_str() {
+        Some("needs") => &["node", "module", "kind", "name"],
+        Some("applied") => &["node", "module"],
+        Some("collect") => &["node", "collection", "contributor"],
+        _ => &["kind"],
+    };
+    let mut rows: Vec<Vec<String>> = vec![columns.iter().map(|c| c.to_uppercase()).chain(["REV".into(), "VALUE".into()]).collect()];
+    for e in reply["entries"].as_array().into_iter().flatten() {
+        let mut row: Vec<String> = columns.iter().map(|c| e[*c].as_str().unwrap_or("").to_string()).collect();
+        row.push(e["revision"].to_string());
+        let mut value = e.get("value").map(|v| v.to_string()).unwrap_or_default();
+        if let Some(enc) = e["encoding"].as_str() {
+            value = format!("{value} ({enc})");
+        }
+        row.push(cut(&value, 70));
+        rows.push(row);
+    }
+    let mut out = render(&rows);
+    out.push_str(&format!("{} entries at revision {}\n", rows.len() - 1, reply["revision"]));
+    let odd = reply["out_of_shape"].as_array().cloned().unwrap_or_default();
+    if !odd.is_empty() {
+        out.push_str(&format!("\n{} key(s) out of shape:\n", odd.len()));
+        let mut rows = vec![vec!["KEY".to_string(), "REV".into(), "REASON".into()]];
+        for e in odd {
+            rows.push(vec![e["key"].as_str().unwrap_or("").into(), e["revision"].to_string(), e["reason"].as_str().unwrap_or("").into()]);
+        }
+        out.push_str(&render(&rows));
+    }
+    out
+}
+
+fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}
+
+fn render(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
