@@ -1,1 +1,146 @@
-//! Running a real `nats-server` for end-to-end tests.
+//! Real parts for end-to-end tests: a `nats-server` on a free loopback port with the
+//! repository's example config and a temporary store, and the real host binary against it.
+//! Everything started here is stopped when dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use async_nats::{Client, ConnectOptions};
+use mesh_provisioner::embedded::{Access, Server};
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::process::{Child, Command};
+
+/// A fresh `nats-server`, configured from `deploy/nats-server.conf`.
+pub struct Bus {
+    pub server: Server,
+    pub dir: TempDir,
+}
+
+impl Bus {
+    pub async fn start() -> Bus {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = Server::start(dir.path(), None, None).await.expect("nats-server starts (scripts/setup installs it)");
+        Bus { server, dir }
+    }
+
+    pub fn access(&self) -> &Access {
+        &self.server.access
+    }
+
+    pub fn url(&self) -> &str {
+        &self.server.access.url
+    }
+
+    pub fn password(&self, user: &str) -> String {
+        self.access().password(user).expect("user in the example config").to_string()
+    }
+
+    /// A client logged in as `user` of the example config.
+    pub async fn client(&self, user: &str) -> Client {
+        ConnectOptions::with_user_and_password(user.into(), self.password(user))
+            .connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
+    }
+
+    /// A JetStream context for `user` with a short timeout, so refused writes fail quickly.
+    pub async fn js(&self, user: &str) -> jetstream::Context {
+        let mut js = jetstream::new(self.client(user).await);
+        js.set_timeout(Duration::from_millis(1500));
+        js
+    }
+
+    /// Writes `key` = `value` into `bucket` as `user`.
+    pub async fn put(&self, user: &str, bucket: &str, key: &str, value: &[u8]) -> u64 {
+        let kv = self.js(user).await.get_key_value(bucket).await.unwrap_or_else(|e| panic!("{user} opens {bucket}: {e}"));
+        kv.put(key, value.to_vec().into()).await.unwrap_or_else(|e| panic!("{user} puts {bucket}/{key}: {e}"))
+    }
+}
+
+/// The built host binary (scripts/test builds it), or `MESH_PROVISIONER_BIN`.
+pub fn host_binary() -> PathBuf {
+    let path = std::env::var_os("MESH_PROVISIONER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::target_dir().join("debug/mesh-provisioner"));
+    assert!(path.exists(), "no host binary at {}: run the README's test command (scripts/test), which builds it", path.display());
+    path
+}
+
+/// The real host binary, serving against a [`Bus`] as the provisioner's user.
+pub struct Host {
+    pub child: Child,
+    pub state: TempDir,
+    pub log: PathBuf,
+}
+
+impl Host {
+    pub async fn start(bus: &Bus, extra: &[&str]) -> Host {
+        let state = tempfile::tempdir().expect("temp dir");
+        Self::start_in(bus, state, extra).await
+    }
+
+    pub async fn start_in(bus: &Bus, state: TempDir, extra: &[&str]) -> Host {
+        let log = state.path().join("host.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(host_binary())
+            .arg("serve")
+            .args(["--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner")])
+            .arg("--component")
+            .arg(crate::component_path())
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the host binary");
+        let mut host = Host { child, state, log };
+        host.wait_serving(bus).await;
+        host
+    }
+
+    /// Waits until the verb answers (bounded).
+    pub async fn wait_serving(&mut self, bus: &Bus) {
+        let client = bus.client("node-alpha").await;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the host exited ({status}):\n{}", self.log_text());
+            }
+            if ask_raw(&client, b"{}").await.is_ok() {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "the host did not serve within 30 s:\n{}", self.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// One request of the verb: the reply's error-code header (if any) and its JSON body.
+pub async fn ask_raw(client: &Client, body: &[u8]) -> Result<(Option<String>, Value), String> {
+    let req = async_nats::Request::new().payload(body.to_vec().into()).timeout(Some(Duration::from_secs(5)));
+    let msg = client.send_request("mesh-provisioner.provisioning", req).await.map_err(|e| e.to_string())?;
+    let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
+    let v = serde_json::from_slice(&msg.payload).map_err(|e| format!("not JSON ({e}): {:?}", msg.payload))?;
+    Ok((code, v))
+}
+
+/// Asks and expects a normal answer.
+pub async fn ask_ok(client: &Client, body: Value) -> Value {
+    let (code, v) = ask_raw(client, body.to_string().as_bytes()).await.expect("the verb answers");
+    assert_eq!(code, None, "error reply to {body}: {v}");
+    v
+}

@@ -1,0 +1,253 @@
+//! The real host binary against a real `nats-server` (the example config, rendered on a free
+//! port with a temporary store) and the real component.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tests::nats::{ask_ok, ask_raw, Bus, Host};
+use tests::{keys, out_of_shape};
+
+const NEEDS: &str = "mesh-provisioner_needs";
+const APPLIED: &str = "mesh-provisioner_applied";
+const COLLECT: &str = "mesh-provisioner_collect";
+const REGISTRY: &str = "mesh-provisioner_registry";
+
+async fn write_mesh(bus: &Bus) {
+    for (user, bucket, key, value) in [
+        ("node-alpha", NEEDS, "alpha.app.config.db=2Eurl", r#"{"placeholder":"${config:db.url}"}"#),
+        ("node-alpha", NEEDS, "alpha.app.secret.db_password", r#"{"placeholder":"${secret:db_password}"}"#),
+        ("node-alpha", NEEDS, "alpha.app.config.=3a", "{}"),
+        ("node-alpha", NEEDS, "alpha.web.port.http", "{}"),
+        ("node-beta", NEEDS, "beta.app.config.db=2Eurl", "{}"),
+        ("node-alpha", APPLIED, "alpha.app", r#"{"build":"b7","needs":2}"#),
+        ("node-beta", APPLIED, "beta.app", r#"{"build":"b7","needs":0}"#),
+        ("node-alpha", COLLECT, "alpha.shell=3Azsh=3Anormal.app", r#"{"line":"export X=1"}"#),
+        ("node-beta", COLLECT, "beta.shell=3Azsh=3Anormal.app", "not json"),
+        ("node-beta", COLLECT, "beta.environment.app", r#"{"PATH":"/bin"}"#),
+    ] {
+        bus.put(user, bucket, key, value.as_bytes()).await;
+    }
+}
+
+/// Asks until the answer holds `n` entries (mirrors follow writes within milliseconds).
+async fn ask_until(client: &async_nats::Client, body: Value, n: usize) -> Value {
+    for _ in 0..200 {
+        let v = ask_ok(client, body.clone()).await;
+        if keys(&v).len() == n {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{body} never answered {n} entries");
+}
+
+#[tokio::test]
+async fn answers_every_what_over_the_bus_with_narrowing_paging_and_odd_keys() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    write_mesh(&bus).await;
+    let c = bus.client("node-alpha").await;
+
+    let v = ask_until(&c, json!({"what":"needs"}), 4).await;
+    assert_eq!(out_of_shape(&v), ["alpha.app.config.=3a"]);
+    assert!(v["out_of_shape"][0]["reason"].as_str().unwrap().contains("upper-case"));
+
+    let v = ask_ok(&c, json!({"what":"needs","node":"alpha","module":"app","kind":"config"})).await;
+    assert_eq!(keys(&v), ["alpha.app.config.db=2Eurl"]);
+    assert_eq!(v["entries"][0]["name"], "db.url");
+
+    let v = ask_ok(&c, json!({"what":"needs","kind":"config"})).await;
+    assert_eq!(keys(&v), ["alpha.app.config.db=2Eurl", "beta.app.config.db=2Eurl"]);
+
+    let v = ask_until(&c, json!({"what":"applied","node":"beta"}), 1).await;
+    assert_eq!(v["entries"][0]["value"]["needs"], 0);
+
+    let v = ask_until(&c, json!({"what":"collect","collection":"shell:zsh:normal"}), 2).await;
+    assert_eq!(v["entries"][1]["encoding"], "utf-8");
+    let v = ask_until(&c, json!({"what":"collect","node":"beta","module":"app"}), 2).await;
+    assert_eq!(keys(&v), ["beta.environment.app", "beta.shell=3Azsh=3Anormal.app"]);
+
+    let v = ask_ok(&c, json!({"what":"registry","kind":"config"})).await;
+    assert_eq!(v["entries"][0]["value"]["bucket"], "mesh-config_values");
+
+    // Paging: one key a page, nothing lost or repeated.
+    let mut seen = Vec::new();
+    let mut q = json!({"what":"needs","limit":1});
+    loop {
+        let v = ask_ok(&c, q.clone()).await;
+        seen.extend(keys(&v).into_iter().chain(out_of_shape(&v)));
+        match v.get("next") {
+            Some(n) => q["after"] = n.clone(),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 5);
+    assert_eq!(seen.iter().collect::<BTreeSet<_>>().len(), 5);
+    assert!(v_revision(&ask_ok(&c, json!({"what":"needs"})).await) >= 5);
+    host.stop().await;
+}
+
+fn v_revision(v: &Value) -> u64 {
+    v["revision"].as_u64().expect("revision")
+}
+
+#[tokio::test]
+async fn pages_large_values_to_stay_under_max_payload() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    let big = format!("\"{}\"", "v".repeat(400_000));
+    for i in 0..4 {
+        bus.put("node-alpha", NEEDS, &format!("alpha.app.config.big{i}"), big.as_bytes()).await;
+    }
+    let c = bus.client("node-alpha").await;
+    // The mirror applies writes in order: once the last is visible, all are.
+    ask_until(&c, json!({"what":"needs","node":"alpha","after":"alpha.app.config.big2"}), 1).await;
+    let max = c.server_info().max_payload;
+    let mut total = 0;
+    let mut pages = 0;
+    let mut q = json!({"what":"needs","node":"alpha"});
+    loop {
+        let req = async_nats::Request::new().payload(q.to_string().into()).timeout(Some(Duration::from_secs(5)));
+        let msg = c.send_request("mesh-provisioner.provisioning", req).await.unwrap();
+        assert!(msg.payload.len() <= max, "a reply of {} bytes over max_payload {max}", msg.payload.len());
+        let v: Value = serde_json::from_slice(&msg.payload).unwrap();
+        total += keys(&v).len();
+        pages += 1;
+        match v.get("next") {
+            Some(n) => q["after"] = n.clone(),
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "4 × 400 kB cannot fit one 1 MiB reply");
+    assert_eq!(total, 4);
+    host.stop().await;
+}
+
+async fn registry_state(bus: &Bus) -> (u64, Vec<(String, u64)>) {
+    let js = bus.js("mesh-provisioner").await;
+    let kv = js.get_key_value(REGISTRY).await.unwrap();
+    let mut stream = js.get_stream(format!("KV_{REGISTRY}")).await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let mut keys: Vec<String> = kv.keys().await.unwrap().map(|k| k.unwrap()).collect().await;
+    keys.sort();
+    let mut out = Vec::new();
+    for k in keys {
+        let e = kv.entry(k.clone()).await.unwrap().unwrap();
+        out.push((k, e.revision));
+    }
+    (last, out)
+}
+
+#[tokio::test]
+async fn writes_the_registry_at_start_restores_drift_and_otherwise_writes_nothing() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &["--registry-every", "1s"]).await;
+    let (last, entries) = registry_state(&bus).await;
+    assert_eq!(entries.len(), 13);
+    assert_eq!(last, 13, "exactly 13 writes at start");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(registry_state(&bus).await.0, 13, "unchanged registry: reconciles wrote nothing");
+
+    let js = bus.js("mesh-provisioner").await;
+    let kv = js.get_key_value(REGISTRY).await.unwrap();
+    kv.put("config", br#"{"kind":"config","owner":"drifted"}"#.to_vec().into()).await.unwrap();
+    kv.put("retired", br#"{"kind":"retired"}"#.to_vec().into()).await.unwrap();
+    let mut restored = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let config = kv.get("config").await.unwrap().unwrap_or_default();
+        let retired = kv.get("retired").await.unwrap();
+        if config.starts_with(br#"{"bucket":"mesh-config_values""#) && retired.is_none() {
+            restored = true;
+            break;
+        }
+    }
+    assert!(restored, "drift not repaired:\n{}", host.log_text());
+    let settled = registry_state(&bus).await;
+    assert_eq!(settled.1.len(), 13);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(registry_state(&bus).await.0, settled.0, "no writes once repaired");
+    assert!(host.log_text().contains("registry reconciled"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn the_server_refuses_writes_outside_each_users_grant() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    let before = registry_state(&bus).await;
+
+    // A node user cannot open or write the registry.
+    let alpha = bus.js("node-alpha").await;
+    assert!(alpha.get_key_value(REGISTRY).await.is_err());
+    let ack = alpha.publish(format!("$KV.{REGISTRY}.config"), "{}".into()).await;
+    let acked = match ack {
+        Ok(fut) => fut.await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!acked, "node-alpha wrote the registry");
+
+    // A node user cannot write another node's keys.
+    let needs = alpha.get_key_value(NEEDS).await.unwrap();
+    assert!(needs.put("beta.app.config.x", "{}".into()).await.is_err());
+    assert!(needs.put("alpha.app.config.x", "{}".into()).await.is_ok());
+
+    // The provisioner may not write what node clients write.
+    let prov = bus.js("mesh-provisioner").await;
+    let pneeds = prov.get_key_value(NEEDS).await.unwrap();
+    assert!(pneeds.put("alpha.app.config.y", "{}".into()).await.is_err());
+    assert!(prov.get_key_value(APPLIED).await.unwrap().put("alpha.app", "{}".into()).await.is_err());
+
+    // A provider reads the needs and writes none.
+    let provider = bus.js("provider-postgres").await;
+    let pn = provider.get_key_value(NEEDS).await.unwrap();
+    assert_eq!(pn.get("alpha.app.config.x").await.unwrap().as_deref(), Some(&b"{}"[..]));
+    assert!(pn.put("alpha.app.config.z", "{}".into()).await.is_err());
+
+    // Nothing refused landed.
+    assert_eq!(registry_state(&bus).await, before);
+    for key in ["beta.app.config.x", "alpha.app.config.y", "alpha.app.config.z"] {
+        assert!(pneeds.get(key).await.unwrap().is_none(), "{key} landed");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn srv_ping_and_info_name_the_component() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    let c = bus.client("node-alpha").await;
+    let ping = c.request("$SRV.PING.mesh-provisioner", "".into()).await.unwrap();
+    let ping: Value = serde_json::from_slice(&ping.payload).unwrap();
+    assert_eq!(ping["name"], "mesh-provisioner");
+    let info = c.request("$SRV.INFO.mesh-provisioner", "".into()).await.unwrap();
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    let digest = hex::encode(Sha256::digest(std::fs::read(tests::component_path()).unwrap()));
+    assert_eq!(info["metadata"]["component_digest"], digest.as_str());
+    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.1.0");
+    assert_eq!(info["endpoints"][0]["subject"], "mesh-provisioner.provisioning");
+    let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.unwrap();
+    assert!(serde_json::from_slice::<Value>(&stats.payload).unwrap()["endpoints"].is_array());
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_error_headers_and_the_service_keeps_answering() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    write_mesh(&bus).await;
+    let c = bus.client("node-alpha").await;
+    for body in [&br#"{"what":"needs","node":"*"}"#[..], br#"{"what":"needs","node":">"}"#, b"[1]", b"\xff\xfe", br#"{"what":"applied","kind":"x"}"#] {
+        let (code, v) = ask_raw(&c, body).await.unwrap();
+        assert_eq!(code.as_deref(), Some("400"), "{v}");
+        assert_eq!(v["error"]["code"], "bad_request");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+        assert!(v.get("entries").is_none());
+    }
+    let v = ask_until(&c, json!({"what":"needs","node":"beta"}), 1).await;
+    assert_eq!(keys(&v), ["beta.app.config.db=2Eurl"]);
+    host.stop().await;
+}
