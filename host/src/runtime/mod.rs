@@ -1,16 +1,17 @@
 //! Running the guest component: one engine, a pre-instantiated component, and calls made in
 //! fresh, limited stores.
 //!
-//! Every call gets a new instance from the [`ProvisionerPre`](bindings::ProvisionerPre) (tens of
-//! microseconds), an epoch deadline and a memory limit; a trap, a deadline or an exhausted limit
-//! is an [`ErrorKind::Guest`] error and the next call starts clean. The guest's WASI context
+//! Instances come from the [`ProvisionerPre`](bindings::ProvisionerPre) (tens of microseconds)
+//! and serve a bounded number of calls ([`Options::reuse`]); each call has an epoch deadline and
+//! the store a memory limit. A trap, a deadline or an exhausted limit is an [`ErrorKind::Guest`]
+//! error, the instance is dropped (never returned to the pool), and the next call starts clean. The guest's WASI context
 //! grants nothing: no preopened directories, environment, arguments or sockets.
 
 mod bindings;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -42,12 +43,36 @@ impl Default for Limits {
     }
 }
 
+/// How instances are made and kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Use wasmtime's pooling allocator (pre-reserved slots) instead of on-demand allocation.
+    pub pooling: bool,
+    /// Calls one instance may serve before it is thrown away (1: a fresh instance per call).
+    /// An instance is thrown away after any failure whatever this says.
+    pub reuse: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        // Measured (see ARCHITECTURE.md, "Benchmarks"): a reused instance costs a few
+        // microseconds a call against tens for a fresh one; the guest keeps no state between
+        // calls, so reuse is bounded only to cap heap growth.
+        Options { pooling: false, reuse: 64 }
+    }
+}
+
+/// Most instances kept warm for reuse.
+const POOL: usize = 32;
+
 /// The data of one call's store.
 pub struct Ctx {
     wasi: WasiCtx,
     table: ResourceTable,
     limits: StoreLimits,
     backend: Arc<dyn Backend>,
+    /// Calls this instance has served.
+    calls: u32,
 }
 
 impl WasiView for Ctx {
@@ -61,6 +86,7 @@ impl WasiView for Ctx {
 pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<Ctx>>,
+    options: Options,
     _ticker: Arc<Ticker>,
 }
 
@@ -74,8 +100,18 @@ impl Drop for Ticker {
 
 impl Runtime {
     pub fn new() -> Result<Self> {
+        Self::with_options(Options::default())
+    }
+
+    pub fn with_options(options: Options) -> Result<Self> {
         let mut config = Config::new();
         config.epoch_interruption(true);
+        if options.pooling {
+            let mut pool = wasmtime::PoolingAllocationConfig::default();
+            pool.total_component_instances(1000).total_core_instances(4000).total_memories(2000).total_tables(2000).total_stacks(1000);
+            pool.max_memory_size(1 << 30);
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        }
         let engine = Engine::new(&config).map_err(|e| Error::new(ErrorKind::Config, format!("wasmtime engine: {e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(guest_err("linking WASI"))?;
@@ -91,7 +127,7 @@ impl Runtime {
                 }
             })
             .map_err(|e| Error::new(ErrorKind::Config, format!("epoch thread: {e}")))?;
-        Ok(Runtime { engine, linker: Arc::new(linker), _ticker: Arc::new(Ticker(stop)) })
+        Ok(Runtime { engine, linker: Arc::new(linker), options, _ticker: Arc::new(Ticker(stop)) })
     }
 
     /// Compiles `bytes`, or loads the precompiled artifact cached under `cache` for the same
@@ -107,7 +143,7 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(guest_err("the component does not fit the WIT world (mesh:provisioner@0.1.0)"))?;
         let pre = ProvisionerPre::new(pre).map_err(guest_err("the component does not export the WIT api"))?;
-        Ok(Guest { runtime: self.clone(), pre, digest, cached })
+        Ok(Guest { runtime: self.clone(), pre, digest, cached, pool: Default::default() })
     }
 
     fn compile(&self, bytes: &[u8], digest: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
@@ -192,6 +228,15 @@ pub struct Guest {
     pre: ProvisionerPre<Ctx>,
     digest: String,
     cached: bool,
+    /// Instances that served without failing, ready for another call.
+    pool: Arc<Mutex<Vec<Instance>>>,
+}
+
+/// A store and the component instantiated in it.
+struct Instance {
+    store: Store<Ctx>,
+    api: Provisioner,
+    memory: usize,
 }
 
 impl Guest {
@@ -205,47 +250,91 @@ impl Guest {
         self.cached
     }
 
-    async fn instance(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<(Store<Ctx>, Provisioner)> {
-        let ctx = Ctx {
-            wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new().memory_size(limits.memory).table_elements(100_000).instances(16).trap_on_grow_failure(true).build(),
-            backend,
+    /// An instance for one call: a kept one if any (with the same memory limit), else a fresh
+    /// one. Its deadline starts now.
+    async fn checkout(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Instance> {
+        let kept = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let at = pool.iter().rposition(|i| i.memory == limits.memory);
+            at.map(|i| pool.swap_remove(i))
         };
-        let mut store = Store::new(&self.runtime.engine, ctx);
-        store.limiter(|c| &mut c.limits);
-        let ticks = (limits.deadline.as_nanos() / TICK.as_nanos()).max(1) as u64 + 1;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
-        let instance = self.pre.instantiate_async(&mut store).await.map_err(call_err(&limits))?;
-        Ok((store, instance))
+        let mut instance = match kept {
+            Some(mut i) => {
+                i.store.data_mut().backend = backend;
+                i
+            }
+            None => {
+                let ctx = Ctx {
+                    wasi: WasiCtx::builder().build(),
+                    table: ResourceTable::new(),
+                    limits: StoreLimitsBuilder::new()
+                        .memory_size(limits.memory)
+                        .table_elements(100_000)
+                        .instances(16)
+                        .trap_on_grow_failure(true)
+                        .build(),
+                    backend,
+                    calls: 0,
+                };
+                let mut store = Store::new(&self.runtime.engine, ctx);
+                store.limiter(|c| &mut c.limits);
+                store.epoch_deadline_trap();
+                store.set_epoch_deadline(deadline_ticks(&limits));
+                let api = self.pre.instantiate_async(&mut store).await.map_err(call_err(&limits))?;
+                Instance { store, api, memory: limits.memory }
+            }
+        };
+        instance.store.set_epoch_deadline(deadline_ticks(&limits));
+        Ok(instance)
+    }
+
+    /// Keeps an instance that served without failing, until it has served its share of calls.
+    fn checkin(&self, mut instance: Instance) {
+        let ctx = instance.store.data_mut();
+        ctx.calls += 1;
+        if ctx.calls >= self.runtime.options.reuse {
+            return;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < POOL {
+            pool.push(instance);
+        }
+    }
+
+    /// Instances kept warm right now.
+    pub fn kept(&self) -> usize {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
-        let (mut store, p) = self.instance(backend, limits).await?;
-        let i = p.mesh_provisioner_api().call_info(&mut store).await.map_err(call_err(&limits))?;
+        let mut inst = self.checkout(backend, limits).await?;
+        let i = inst.api.mesh_provisioner_api().call_info(&mut inst.store).await.map_err(call_err(&limits))?;
+        self.checkin(inst);
         Ok(BuildInfo { name: i.name, version: i.version, wit_version: i.wit_version })
     }
 
     pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
-        let (mut store, p) = self.instance(backend, limits).await?;
-        let rows = p.mesh_provisioner_api().call_compile_registry(&mut store).await.map_err(call_err(&limits))?;
+        let mut inst = self.checkout(backend, limits).await?;
+        let rows = inst.api.mesh_provisioner_api().call_compile_registry(&mut inst.store).await.map_err(call_err(&limits))?;
+        self.checkin(inst);
         Ok(rows.into_iter().map(|r| (r.kind, r.value)).collect())
     }
 
     /// Reconciles the registry; the inner error is the store's or writer's failure as the guest
     /// reported it.
     pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
-        let (mut store, p) = self.instance(backend, limits).await?;
-        let r = p.mesh_provisioner_api().call_reconcile(&mut store).await.map_err(call_err(&limits))?;
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = inst.api.mesh_provisioner_api().call_reconcile(&mut inst.store).await.map_err(call_err(&limits))?;
+        self.checkin(inst);
         Ok(r
             .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
             .map_err(|e| format!("{e:?}")))
     }
 
     pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
-        let (mut store, p) = self.instance(backend, limits).await?;
-        let r = p.mesh_provisioner_api().call_handle(&mut store, verb, body, max_reply).await.map_err(call_err(&limits))?;
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await.map_err(call_err(&limits))?;
+        self.checkin(inst);
         let code = match r.code {
             api::ReplyCode::Ok => ReplyCode::Ok,
             api::ReplyCode::BadRequest => ReplyCode::BadRequest,
@@ -254,6 +343,10 @@ impl Guest {
         };
         Ok(Reply { code, body: r.body })
     }
+}
+
+fn deadline_ticks(limits: &Limits) -> u64 {
+    (limits.deadline.as_nanos() / TICK.as_nanos()).max(1) as u64 + 1
 }
 
 /// Names what stopped a call: the deadline, the memory limit, or another trap.

@@ -1,0 +1,99 @@
+//! The verb's cost in the component against the same logic called natively, and what instance
+//! reuse and the pooling allocator change. A benchmark, not a test: it prints figures.
+//!
+//! `cargo bench -p tests --bench component` (after `cargo build -p guest --target wasm32-wasip2 --release`)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest::env::{Entry, Env, HostError, Level, Page};
+use mesh_provisioner::backend::MemoryBackend;
+use mesh_provisioner::runtime::{Limits, Options, ReplyCode, Runtime};
+
+const NEEDS: &str = "mesh-provisioner_needs";
+const QUERY: &[u8] = br#"{"what":"needs","node":"n0420","module":"app"}"#;
+
+/// The logic's `Env` over the same in-memory mirrors the component reads through its imports.
+struct Native(Arc<MemoryBackend>);
+
+impl Env for Native {
+    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
+        let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(e.map(|e| Entry { key: e.key, revision: e.revision, value: e.value }))
+    }
+    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
+        let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(Page {
+            entries: p.entries.into_iter().map(|e| Entry { key: e.key, revision: e.revision, value: e.value }).collect(),
+            more: p.more,
+            revision: p.revision,
+        })
+    }
+    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
+        Err(HostError::NoResponders("none".into()))
+    }
+    fn log(&self, _: Level, _: &str) {}
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let backend = MemoryBackend::new();
+    for n in 0..1000 {
+        for k in 0..10 {
+            backend.put(NEEDS, &format!("n{n:04}.app.config.name{k}"), br#"{"placeholder":"${config:x}","part":"api"}"#);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    let bytes = std::fs::read(tests::component_path()).expect("component");
+    const N: usize = 3000;
+
+    let native = Native(backend.clone());
+    let reply = guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20);
+    assert_eq!(reply.code, guest::verb::Code::Ok);
+    let mut native_times = Vec::with_capacity(N);
+    for _ in 0..N {
+        let t = Instant::now();
+        let r = guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20);
+        native_times.push(t.elapsed());
+        std::hint::black_box(r);
+    }
+    let native_p50 = median(native_times);
+    println!("needs bucket: 10 000 keys; query returns 10 entries; {N} calls each");
+    println!("{:<44} {:>10.1} µs   1.00×", "native logic (baseline)", native_p50.as_secs_f64() * 1e6);
+
+    for (name, options) in [
+        ("wasm, fresh instance per call", Options { pooling: false, reuse: 1 }),
+        ("wasm, fresh instance, pooling allocator", Options { pooling: true, reuse: 1 }),
+        ("wasm, instance reused (≤64 calls)", Options { pooling: false, reuse: 64 }),
+        ("wasm, reused, pooling allocator", Options { pooling: true, reuse: 64 }),
+    ] {
+        let runtime = Runtime::with_options(options).expect("runtime");
+        let guest = runtime.load(&bytes, None).expect("compile");
+        let times = rt.block_on(async {
+            let mut times = Vec::with_capacity(N);
+            for _ in 0..N {
+                let t = Instant::now();
+                let r = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", QUERY, 1 << 20).await.expect("call");
+                times.push(t.elapsed());
+                assert_eq!(r.code, ReplyCode::Ok);
+            }
+            times
+        });
+        let p50 = median(times);
+        println!(
+            "{name:<44} {:>10.1} µs {:>6.2}×",
+            p50.as_secs_f64() * 1e6,
+            p50.as_secs_f64() / native_p50.as_secs_f64()
+        );
+    }
+}
