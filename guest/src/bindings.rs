@@ -75,6 +75,7 @@ struct Component;
 
 impl api::Guest for Component {
     fn info() -> api::BuildInfo {
+        crate::fixture::at_start();
         api::BuildInfo {
             name: crate::NAME.into(),
             version: crate::VERSION.into(),
@@ -83,6 +84,7 @@ impl api::Guest for Component {
     }
 
     fn compile_registry() -> Vec<api::RegistryEntry> {
+        crate::fixture::at_start();
         crate::registry::compile()
             .into_iter()
             .map(|(kind, value)| api::RegistryEntry { kind, value })
@@ -95,6 +97,7 @@ impl api::Guest for Component {
     }
 
     fn handle(verb: String, request: Vec<u8>, max_reply: u32) -> api::Reply {
+        crate::fixture::on_request(&request);
         let r = crate::verb::handle(&Imports, &verb, &request, max_reply);
         let code = match r.code {
             crate::verb::Code::Ok => api::ReplyCode::Ok,

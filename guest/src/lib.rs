@@ -17,10 +17,16 @@ pub mod verb;
 
 #[cfg(target_arch = "wasm32")]
 mod bindings;
+#[cfg(target_arch = "wasm32")]
+mod fixture;
 
 /// The program's name, as build info reports it.
 pub const NAME: &str = "mesh-provisioner";
 /// The guest's version.
+#[cfg(not(feature = "fixture-v2"))]
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The second version test fixture: another registry table.
+#[cfg(feature = "fixture-v2")]
+pub const VERSION: &str = "0.2.0-fixture";
 /// The WIT package this guest implements.
 pub const WIT_VERSION: &str = "mesh:provisioner@0.1.0";

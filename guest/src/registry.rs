@@ -40,7 +40,15 @@ pub fn table() -> Vec<Domain> {
         Domain { kind: "environment", owner: "mesh-provisioner", answer: collection("environment", "<node>.environment.<contributor>") },
         Domain { kind: "contribution", owner: "mesh-provisioner", answer: collection("contribution", "<node>.contribution.<contributor>") },
     ];
-    for kind in ["dir", "access", "port", "seat", "machine"] {
+    // The second-version fixture answers a kind more and drops `machine`, to prove an upgrade
+    // reconciles the bucket to the new table.
+    #[cfg(feature = "fixture-v2")]
+    rows.push(Domain { kind: "archive", owner: "mesh-archive", answer: Verb("mesh-archive.fetch") });
+    #[cfg(not(feature = "fixture-v2"))]
+    let placement = ["dir", "access", "port", "seat", "machine"];
+    #[cfg(feature = "fixture-v2")]
+    let placement = ["dir", "access", "port", "seat"];
+    for kind in placement {
         rows.push(Domain { kind, owner: "mesh-controller", answer: bucket(PLACEMENT, PLACEMENT_KEY) });
     }
     rows.sort_by_key(|d| d.kind);

@@ -4,10 +4,30 @@
 
 use serde_json::value::RawValue;
 
-/// Appends `s` to `out` as a JSON string.
+/// Appends `s` to `out` as a JSON string (RFC 8259 §7: `"`, `\\` and controls escaped).
 pub fn push_str(out: &mut String, s: &str) {
-    // Serializing a &str cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
+    out.push('"');
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if esc.is_empty() {
+            out.push_str(&format!("\\u{b:04x}"));
+        } else {
+            out.push_str(esc);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
 }
 
 /// Appends `,"value":…` (and `,"encoding":…` when the bytes are not JSON) to `out`.
@@ -64,6 +84,16 @@ mod tests {
         assert_eq!(render(b"plain text"), r#","value":"plain text","encoding":"utf-8""#);
         assert_eq!(render(b""), r#","value":"","encoding":"utf-8""#);
         assert_eq!(render(&[0xff, 0x00, 0x41]), r#","value":"/wBB","encoding":"base64""#);
+    }
+
+    #[test]
+    fn writes_json_strings_serde_can_read_back() {
+        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r", "é ✓", ""] {
+            let mut s = String::new();
+            push_str(&mut s, text);
+            assert_eq!(serde_json::from_str::<String>(&s).unwrap(), text);
+            assert_eq!(s, serde_json::to_string(text).unwrap());
+        }
     }
 
     #[test]

@@ -228,9 +228,12 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
     let mid = "],\"out_of_shape\":[";
     let (mut entries, mut shapes) = (String::new(), String::new());
     let mut cut_at: Option<usize> = None;
+    let mut scratch = String::new();
     for (i, e) in found.iter().enumerate() {
         let mut it = item(what, e);
-        let next_len = serde_json::to_string(&e.key).map(|k| k.len()).unwrap_or(0) + 10;
+        scratch.clear();
+        push_str(&mut scratch, &e.key);
+        let next_len = scratch.len() + 10;
         let fixed = head.len() + mid.len() + 2 + next_len;
         let fits = |it: &Item, entries: &str, shapes: &str| {
             let add = match it {

@@ -15,16 +15,15 @@ pub async fn registry(component: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs every check a component must pass to serve: it is wasm, compiles, fits the WIT world,
-/// names itself and compiles its registry within tight limits.
+/// Runs every check a component must pass to serve (the hot-replace steps but the swap): it is
+/// wasm, compiles, fits the WIT world, names itself and compiles its registry within tight limits.
 pub async fn check(component: &Path) -> Result<()> {
     let runtime = Runtime::new()?;
     let bytes = std::fs::read(component)
         .map_err(|e| crate::error::Error::new(crate::error::ErrorKind::Config, format!("{}: {e}", component.display())))?;
-    let guest = runtime.load(&bytes, None)?;
-    let tight = Limits { deadline: std::time::Duration::from_millis(500), memory: 16 << 20 };
-    let info = guest.info(MemoryBackend::new(), tight).await?;
-    let rows = guest.compile_registry(MemoryBackend::new(), tight).await?;
-    println!("ok: {} {} ({}), digest {}, {} registry kinds", info.name, info.version, info.wit_version, guest.digest(), rows.len());
+    let loaded = crate::reload::prepare(&runtime, &bytes, None, Limits::default()).await?;
+    let rows = loaded.guest.compile_registry(MemoryBackend::new(), crate::reload::smoke_limits(Limits::default())).await?;
+    let info = &loaded.info;
+    println!("ok: {} {} ({}), digest {}, {} registry kinds", info.name, info.version, info.wit_version, loaded.guest.digest(), rows.len());
     Ok(())
 }

@@ -1,7 +1,10 @@
 //! The guest currently serving, swapped atomically: a call takes the current one and finishes
-//! on it even if a new one is swapped in meanwhile.
+//! on it even if a new one is swapped in meanwhile. Also what the last refused upgrade was, so
+//! `$SRV.INFO` can say it.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::watch;
 
 use crate::runtime::{BuildInfo, Guest};
 
@@ -11,13 +14,29 @@ pub struct Loaded {
     pub info: BuildInfo,
 }
 
+/// A component that was refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub digest: String,
+    pub reason: String,
+}
+
 pub struct Current {
     slot: RwLock<Arc<Loaded>>,
+    refusals: Mutex<(u64, Option<Refusal>)>,
+    swaps: Mutex<u64>,
+    /// Bumped on every swap or refusal, for whoever shows them.
+    changed: watch::Sender<u64>,
 }
 
 impl Current {
     pub fn new(loaded: Loaded) -> Arc<Self> {
-        Arc::new(Current { slot: RwLock::new(Arc::new(loaded)) })
+        Arc::new(Current {
+            slot: RwLock::new(Arc::new(loaded)),
+            refusals: Mutex::new((0, None)),
+            swaps: Mutex::new(0),
+            changed: watch::channel(0).0,
+        })
     }
 
     pub fn get(&self) -> Arc<Loaded> {
@@ -26,7 +45,36 @@ impl Current {
 
     /// Puts `loaded` in place, returning the one it replaces.
     pub fn swap(&self, loaded: Loaded) -> Arc<Loaded> {
-        let mut slot = self.slot.write().unwrap_or_else(|p| p.into_inner());
-        std::mem::replace(&mut *slot, Arc::new(loaded))
+        let old = {
+            let mut slot = self.slot.write().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut *slot, Arc::new(loaded))
+        };
+        *self.swaps.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.changed.send_modify(|g| *g += 1);
+        old
+    }
+
+    /// Records a refused component.
+    pub fn refuse(&self, refusal: Refusal) {
+        {
+            let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+            r.0 += 1;
+            r.1 = Some(refusal);
+        }
+        self.changed.send_modify(|g| *g += 1);
+    }
+
+    /// How many components were refused, and the last one.
+    pub fn refusals(&self) -> (u64, Option<Refusal>) {
+        self.refusals.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn swaps(&self) -> u64 {
+        *self.swaps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes on every swap or refusal.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }

@@ -17,6 +17,10 @@ pub mod logging;
 pub mod mirror;
 pub mod nats;
 pub mod query;
+pub mod reload;
 pub mod runtime;
 pub mod serve;
 pub mod service;
+
+/// The WIT package this host speaks.
+pub const WIT_VERSION: &str = "mesh:provisioner@0.1.0";

@@ -16,7 +16,7 @@ pub async fn ask(client: &async_nats::Client, body: &Value, timeout: std::time::
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {PROVISIONING}: {e}")))?;
     let v: Value = serde_json::from_slice(&msg.payload)
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))?;
-    let status = msg.headers.as_ref().and_then(|h| h.get(async_nats::service::NATS_SERVICE_ERROR_CODE)).map(|c| c.to_string());
+    let status = msg.headers.as_ref().and_then(|h| h.get(crate::service::ERROR_CODE_HEADER)).map(|c| c.to_string());
     if let Some(err) = v.get("error") {
         return Err(Error::new(
             ErrorKind::Invalid,

@@ -88,7 +88,16 @@ pub async fn run(args: Serve) -> Result<()> {
         }
         tracing::info!("shutting down");
     };
+    let watcher = tokio::spawn(crate::reload::watch(
+        args.component.clone(),
+        runtime.clone(),
+        current.clone(),
+        state.join("components"),
+        limits,
+        backend.clone(),
+    ));
     let served = crate::service::serve(client.clone(), backend, current, limits, shutdown).await;
+    watcher.abort();
     ticker.abort();
     let _ = client.drain().await;
     if let Some(server) = embedded {
@@ -97,25 +106,21 @@ pub async fn run(args: Serve) -> Result<()> {
     served
 }
 
-/// Reads, compiles (or takes from the cache) and smoke-runs a component.
+/// Reads, compiles (or takes from the cache), type-checks and smoke-runs a component.
 pub async fn load(runtime: &Runtime, path: &std::path::Path, state: &std::path::Path, limits: Limits) -> Result<Loaded> {
     let bytes = std::fs::read(path).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
     let started = std::time::Instant::now();
-    let guest = runtime.load(&bytes, Some(&state.join("components")))?;
-    let scratch = crate::backend::MemoryBackend::new();
-    let info = guest.info(scratch.clone(), limits).await?;
-    let rows = guest.compile_registry(scratch, limits).await?;
+    let loaded = crate::reload::prepare(runtime, &bytes, Some(&state.join("components")), limits).await?;
     tracing::info!(
         component = %path.display(),
-        digest = guest.digest(),
-        version = info.version,
-        wit = info.wit_version,
-        kinds = rows.len(),
-        from_cache = guest.from_cache(),
+        digest = loaded.guest.digest(),
+        version = loaded.info.version,
+        wit = loaded.info.wit_version,
+        from_cache = loaded.guest.from_cache(),
         elapsed = ?started.elapsed(),
         "component loaded"
     );
-    Ok(Loaded { guest, info })
+    Ok(loaded)
 }
 
 /// One reconciliation of the registry, logged.

@@ -1,15 +1,19 @@
-//! Serving the verbs as a NATS micro service (`$SRV.PING|INFO|STATS` included).
+//! Serving the verbs as a NATS micro service (the `io.nats.micro.v1` protocol: the endpoint in
+//! queue group `q`, and `$SRV.PING|INFO|STATS` for every instance).
 //!
-//! Each request is answered by the current guest in a fresh instance; the host only maps the
-//! guest's reply code to the micro-service error headers (`400`, `503`, `500`) and keeps the body,
-//! which for errors is `{"error":{"code","message"}}`.
+//! The protocol is spoken here rather than through async-nats' `service` because INFO must
+//! follow the component as it is swapped (digest, version, last refusal), and restarting a
+//! `service::Service` to change its metadata unsubscribes the endpoint, dropping requests in
+//! flight. Subscriptions here live as long as the server does. Each request is answered by the
+//! current guest; the host only maps the guest's reply code to the micro-service error headers
+//! (`400`, `503`, `500`) and keeps the body, which for errors is `{"error":{"code","message"}}`.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
-use async_nats::service::{self, ServiceExt};
-use async_nats::{Client, HeaderMap};
+use async_nats::{Client, HeaderMap, Message};
 use futures::StreamExt;
+use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use crate::backend::Backend;
@@ -19,12 +23,108 @@ use crate::runtime::{Limits, ReplyCode};
 
 pub const SERVICE_NAME: &str = "mesh-provisioner";
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
+pub const ENDPOINT_NAME: &str = "provisioning";
+pub const QUEUE_GROUP: &str = "q";
+pub const ERROR_HEADER: &str = "Nats-Service-Error";
+pub const ERROR_CODE_HEADER: &str = "Nats-Service-Error-Code";
 /// Requests answered at once; more wait for a slot.
 const CONCURRENCY: usize = 256;
 /// Room left in a message for headers and framing.
 const HEADROOM: usize = 1024;
 
-/// Starts the micro service and answers requests until `shutdown` resolves.
+#[derive(Default)]
+struct Stats {
+    requests: u64,
+    errors: u64,
+    last_error: String,
+    processing: Duration,
+}
+
+/// One instance of the micro service.
+pub struct Micro {
+    id: String,
+    started: String,
+    current: Arc<Current>,
+    stats: Mutex<Stats>,
+}
+
+impl Micro {
+    pub fn new(current: Arc<Current>) -> Result<Arc<Self>> {
+        let id = crate::embedded::random_password()?.chars().take(22).collect();
+        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, stats: Mutex::default() }))
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Which component serves, and the last refused one.
+    fn metadata(&self) -> Value {
+        let loaded = self.current.get();
+        let (refusals, last) = self.current.refusals();
+        let mut m = json!({
+            "component_digest": loaded.guest.digest(),
+            "component_version": loaded.info.version,
+            "component_name": loaded.info.name,
+            "wit": loaded.info.wit_version,
+            "swaps": self.current.swaps().to_string(),
+            "refusals": refusals.to_string(),
+        });
+        if let Some(r) = last {
+            m["last_refusal_digest"] = json!(r.digest);
+            m["last_refusal"] = json!(r.reason.chars().take(512).collect::<String>());
+        }
+        m
+    }
+
+    fn head(&self, kind: &str) -> Value {
+        json!({
+            "type": format!("io.nats.micro.v1.{kind}_response"),
+            "name": SERVICE_NAME,
+            "id": self.id,
+            "version": env!("CARGO_PKG_VERSION"),
+            "metadata": self.metadata(),
+        })
+    }
+
+    fn ping(&self) -> Value {
+        self.head("ping")
+    }
+
+    fn info(&self) -> Value {
+        let mut v = self.head("info");
+        v["description"] = json!("mesh-provisioner: the registry of placeholder kinds and what the nodes need, applied and collected");
+        v["endpoints"] = json!([{ "name": ENDPOINT_NAME, "subject": PROVISIONING, "queue_group": QUEUE_GROUP, "metadata": null }]);
+        v
+    }
+
+    fn stats(&self) -> Value {
+        let s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.head("stats");
+        v["started"] = json!(self.started);
+        let average = if s.requests == 0 { 0 } else { s.processing.as_nanos() as u64 / s.requests };
+        v["endpoints"] = json!([{
+            "name": ENDPOINT_NAME, "subject": PROVISIONING, "queue_group": QUEUE_GROUP,
+            "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
+            "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
+            "data": null,
+        }]);
+        v
+    }
+
+    fn count(&self, took: Duration, error: Option<String>) {
+        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.requests += 1;
+        s.processing += took;
+        if let Some(e) = error {
+            s.errors += 1;
+            s.last_error = e;
+        }
+    }
+}
+
+/// Serves until `shutdown` resolves: the endpoint and the `$SRV` subjects, on subscriptions
+/// that outlive any swap of the component.
 pub async fn serve(
     client: Client,
     backend: Arc<dyn Backend>,
@@ -32,60 +132,64 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let loaded = current.get();
-    let mut metadata = HashMap::new();
-    metadata.insert("component_digest".to_string(), loaded.guest.digest().to_string());
-    metadata.insert("component_version".to_string(), loaded.info.version.clone());
-    metadata.insert("component_name".to_string(), loaded.info.name.clone());
-    metadata.insert("wit".to_string(), loaded.info.wit_version.clone());
-    let svc = client
-        .service_builder()
-        .description("mesh-provisioner: the registry of placeholder kinds and what the nodes need, applied and collected")
-        .metadata(metadata)
-        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
-        .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("starting the micro service: {e}")))?;
-    let mut endpoint = svc
-        .endpoint_builder()
-        .name("provisioning")
-        .add(PROVISIONING)
-        .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("adding the endpoint: {e}")))?;
+    let micro = Micro::new(current.clone())?;
+    let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
+    let mut endpoint = client.queue_subscribe(PROVISIONING, QUEUE_GROUP.into()).await.map_err(sub_err)?;
+    let mut control = Vec::new();
+    for verb in ["PING", "INFO", "STATS"] {
+        for subject in [format!("$SRV.{verb}"), format!("$SRV.{verb}.{SERVICE_NAME}"), format!("$SRV.{verb}.{SERVICE_NAME}.{}", micro.id)] {
+            control.push(client.subscribe(subject).await.map_err(sub_err)?.map(move |m| (verb, m)));
+        }
+    }
+    let mut control = futures::stream::select_all(control);
+    client.flush().await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("flushing subscriptions: {e}")))?;
     let max_reply = client.server_info().max_payload.saturating_sub(HEADROOM).max(4096) as u32;
-    tracing::info!(subject = PROVISIONING, max_reply, "serving");
+    tracing::info!(subject = PROVISIONING, id = micro.id, max_reply, "serving");
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     tokio::pin!(shutdown);
     loop {
-        let request = tokio::select! {
-            r = endpoint.next() => match r {
-                Some(r) => r,
-                None => break,
-            },
+        tokio::select! {
+            request = endpoint.next() => {
+                let Some(request) = request else { break };
+                let Ok(permit) = slots.clone().acquire_owned().await else { break };
+                let (client, backend, micro) = (client.clone(), backend.clone(), micro.clone());
+                tokio::spawn(async move {
+                    answer(&client, request, backend, &micro, limits, max_reply).await;
+                    drop(permit);
+                });
+            }
+            Some((verb, m)) = control.next() => {
+                let body = match verb {
+                    "PING" => micro.ping(),
+                    "INFO" => micro.info(),
+                    _ => micro.stats(),
+                };
+                if let Some(reply) = m.reply {
+                    let _ = client.publish(reply, body.to_string().into()).await;
+                }
+            }
             _ = &mut shutdown => break,
-        };
-        let Ok(permit) = slots.clone().acquire_owned().await else { break };
-        let (backend, current) = (backend.clone(), current.clone());
-        tokio::spawn(async move {
-            answer(request, backend, current, limits, max_reply).await;
-            drop(permit);
-        });
+        }
     }
-    let _ = svc.stop().await;
+    // Answer what was already delivered before going.
+    let _ = endpoint.unsubscribe().await;
+    let _ = slots.acquire_many(CONCURRENCY as u32).await;
     Ok(())
 }
 
-async fn answer(request: service::Request, backend: Arc<dyn Backend>, current: Arc<Current>, limits: Limits, max_reply: u32) {
-    let loaded = current.get();
-    let body = &request.message.payload;
-    let (code, body) = match loaded.guest.handle(backend, limits, PROVISIONING, body, max_reply).await {
+async fn answer(client: &Client, request: Message, backend: Arc<dyn Backend>, micro: &Micro, limits: Limits, max_reply: u32) {
+    let started = Instant::now();
+    let Some(reply_to) = request.reply.clone() else { return };
+    let loaded = micro.current.get();
+    let (code, body) = match loaded.guest.handle(backend, limits, PROVISIONING, &request.payload, max_reply).await {
         Ok(reply) => (reply.code, reply.body),
         Err(e) => {
             tracing::warn!("guest failed a request: {e}");
             (ReplyCode::Internal, error_body("internal", e.message()))
         }
     };
-    let sent = match code {
-        ReplyCode::Ok => request.respond(Ok(body.into())).await,
+    let (sent, error) = match code {
+        ReplyCode::Ok => (client.publish(reply_to, body.into()).await, None),
         other => {
             let (status, number) = match other {
                 ReplyCode::BadRequest => ("bad request", 400),
@@ -93,11 +197,12 @@ async fn answer(request: service::Request, backend: Arc<dyn Backend>, current: A
                 _ => ("internal error", 500),
             };
             let mut headers = HeaderMap::new();
-            headers.insert(service::NATS_SERVICE_ERROR, status);
-            headers.insert(service::NATS_SERVICE_ERROR_CODE, number.to_string().as_str());
-            request.respond_with_headers(Ok(body.into()), headers).await
+            headers.insert(ERROR_HEADER, status);
+            headers.insert(ERROR_CODE_HEADER, number.to_string().as_str());
+            (client.publish_with_headers(reply_to, headers, body.into()).await, Some(format!("{number}:{status}")))
         }
     };
+    micro.count(started.elapsed(), error);
     if let Err(e) = sent {
         tracing::warn!("could not send a reply: {e}");
     }
@@ -105,5 +210,34 @@ async fn answer(request: service::Request, backend: Arc<dyn Backend>, current: A
 
 /// The error body of the SPEC, for failures the guest could not answer itself.
 pub fn error_body(code: &str, message: &str) -> Vec<u8> {
-    serde_json::json!({"error": {"code": code, "message": message}}).to_string().into_bytes()
+    json!({"error": {"code": code, "message": message}}).to_string().into_bytes()
+}
+
+/// A UTC time as RFC 3339, to the second.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_rfc3339_dates() {
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000)), "2026-11-30T00:53:20Z");
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00Z");
+    }
 }

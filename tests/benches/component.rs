@@ -90,6 +90,16 @@ fn main() {
             times
         });
         let p50 = median(times);
+        let floor = rt.block_on(async {
+            let mut times = Vec::with_capacity(N);
+            for _ in 0..N {
+                let t = Instant::now();
+                guest.info(backend.clone(), Limits::default()).await.expect("info");
+                times.push(t.elapsed());
+            }
+            median(times)
+        });
+        println!("{:<44} {:>10.1} µs   (an empty call: the floor)", format!("  {name}: info()"), floor.as_secs_f64() * 1e6);
         println!(
             "{name:<44} {:>10.1} µs {:>6.2}×",
             p50.as_secs_f64() * 1e6,

@@ -30,6 +30,20 @@ pub fn component_path() -> PathBuf {
     path
 }
 
+/// A test fixture built by `scripts/build-fixtures` (e.g. `v2`, `misbehave`, `not-wasm`).
+pub fn fixture(name: &str) -> PathBuf {
+    let path = target_dir().join("fixtures").join(format!("{name}.wasm"));
+    assert!(path.exists(), "no fixture at {}: run scripts/test, which builds them", path.display());
+    path
+}
+
+/// Puts `from` at `to` by an atomic rename, as a deployment would.
+pub fn install(from: &std::path::Path, to: &std::path::Path) {
+    let tmp = to.with_extension("incoming");
+    std::fs::copy(from, &tmp).expect("copy component");
+    std::fs::rename(&tmp, to).expect("rename component");
+}
+
 /// The real component, compiled once for the whole test binary.
 pub fn guest() -> Guest {
     static GUEST: OnceLock<Guest> = OnceLock::new();

@@ -83,13 +83,18 @@ impl Host {
     }
 
     pub async fn start_in(bus: &Bus, state: TempDir, extra: &[&str]) -> Host {
+        Self::start_with(bus, state, &crate::component_path(), extra).await
+    }
+
+    /// Starts the host serving the component at `component`.
+    pub async fn start_with(bus: &Bus, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
         let log = state.path().join("host.log");
-        let file = std::fs::File::create(&log).expect("log file");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let child = Command::new(host_binary())
             .arg("serve")
             .args(["--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner")])
             .arg("--component")
-            .arg(crate::component_path())
+            .arg(component)
             .arg("--state-dir")
             .arg(state.path())
             .args(extra)
@@ -124,8 +129,17 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    pub async fn stop(mut self) {
+    /// Kills the host, handing back its state directory.
+    pub async fn stop(mut self) -> TempDir {
         let _ = self.child.kill().await;
+        self.state
+    }
+
+    /// The micro service's `$SRV.INFO` metadata.
+    pub async fn info(client: &Client) -> Value {
+        let m = client.request("$SRV.INFO.mesh-provisioner", "".into()).await.expect("INFO answers");
+        let v: Value = serde_json::from_slice(&m.payload).expect("INFO is JSON");
+        v["metadata"].clone()
     }
 }
 

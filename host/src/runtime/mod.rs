@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::backend::Backend;
@@ -69,10 +69,36 @@ const POOL: usize = 32;
 pub struct Ctx {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: Limiter,
     backend: Arc<dyn Backend>,
     /// Calls this instance has served.
     calls: u32,
+}
+
+/// The store's memory limit, which remembers being hit so the error can say so.
+struct Limiter {
+    memory: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory {
+            self.hit = true;
+            // An error (rather than `false`) traps at once instead of letting the guest's
+            // allocator limp on.
+            return Err(wasmtime::Error::msg(format!("memory limit of {} bytes reached", self.memory)));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        16
+    }
 }
 
 impl WasiView for Ctx {
@@ -267,12 +293,7 @@ impl Guest {
                 let ctx = Ctx {
                     wasi: WasiCtx::builder().build(),
                     table: ResourceTable::new(),
-                    limits: StoreLimitsBuilder::new()
-                        .memory_size(limits.memory)
-                        .table_elements(100_000)
-                        .instances(16)
-                        .trap_on_grow_failure(true)
-                        .build(),
+                    limits: Limiter { memory: limits.memory, hit: false },
                     backend,
                     calls: 0,
                 };
@@ -280,7 +301,10 @@ impl Guest {
                 store.limiter(|c| &mut c.limits);
                 store.epoch_deadline_trap();
                 store.set_epoch_deadline(deadline_ticks(&limits));
-                let api = self.pre.instantiate_async(&mut store).await.map_err(call_err(&limits))?;
+                let api = match self.pre.instantiate_async(&mut store).await {
+                    Ok(api) => api,
+                    Err(e) => return Err(call_err(&limits, store.data().limits.hit, e)),
+                };
                 Instance { store, api, memory: limits.memory }
             }
         };
@@ -308,14 +332,20 @@ impl Guest {
 
     pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
         let mut inst = self.checkout(backend, limits).await?;
-        let i = inst.api.mesh_provisioner_api().call_info(&mut inst.store).await.map_err(call_err(&limits))?;
+        let i = match inst.api.mesh_provisioner_api().call_info(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
         self.checkin(inst);
         Ok(BuildInfo { name: i.name, version: i.version, wit_version: i.wit_version })
     }
 
     pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
         let mut inst = self.checkout(backend, limits).await?;
-        let rows = inst.api.mesh_provisioner_api().call_compile_registry(&mut inst.store).await.map_err(call_err(&limits))?;
+        let rows = match inst.api.mesh_provisioner_api().call_compile_registry(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
         self.checkin(inst);
         Ok(rows.into_iter().map(|r| (r.kind, r.value)).collect())
     }
@@ -324,7 +354,10 @@ impl Guest {
     /// reported it.
     pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
         let mut inst = self.checkout(backend, limits).await?;
-        let r = inst.api.mesh_provisioner_api().call_reconcile(&mut inst.store).await.map_err(call_err(&limits))?;
+        let r = match inst.api.mesh_provisioner_api().call_reconcile(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
         self.checkin(inst);
         Ok(r
             .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
@@ -333,7 +366,10 @@ impl Guest {
 
     pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
         let mut inst = self.checkout(backend, limits).await?;
-        let r = inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await.map_err(call_err(&limits))?;
+        let r = match inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
         self.checkin(inst);
         let code = match r.code {
             api::ReplyCode::Ok => ReplyCode::Ok,
@@ -350,17 +386,12 @@ fn deadline_ticks(limits: &Limits) -> u64 {
 }
 
 /// Names what stopped a call: the deadline, the memory limit, or another trap.
-fn call_err(limits: &Limits) -> impl Fn(wasmtime::Error) -> Error + '_ {
-    move |e| {
-        let text = format!("{e:#}");
-        let what = match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => format!("the guest ran past its deadline of {:?}", limits.deadline),
-            _ if text.contains("forcing a memory growth failure") || text.contains("memory minimum size") => {
-                format!("the guest exhausted its memory limit of {} bytes", limits.memory)
-            }
-            Some(t) => format!("the guest trapped: {t}"),
-            None => format!("the guest failed: {text}"),
-        };
-        Error::new(ErrorKind::Guest, what)
-    }
+fn call_err(limits: &Limits, memory_hit: bool, e: wasmtime::Error) -> Error {
+    let what = match e.downcast_ref::<Trap>() {
+        _ if memory_hit => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
+        Some(Trap::Interrupt) => format!("the guest ran past its deadline of {:?}", limits.deadline),
+        Some(t) => format!("the guest trapped: {t}"),
+        None => format!("the guest failed: {e:#}"),
+    };
+    Error::new(ErrorKind::Guest, what)
 }

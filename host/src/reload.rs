@@ -1,0 +1,120 @@
+//! Hot replace of the guest (SPEC §9): a new component at the configured path (a write, an
+//! atomic rename, or SIGHUP) is read, digested, compiled (cached in the state directory by
+//! digest and engine), type-checked against the WIT, smoke-run in a scratch store with tight
+//! limits, then swapped in; calls in flight finish on the old one; the registry is reconciled
+//! with the new one. A component that fails any step is refused with its reason and the old one
+//! keeps serving.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sha2::{Digest, Sha256};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::backend::{Backend, MemoryBackend};
+use crate::current::{Current, Loaded, Refusal};
+use crate::error::{Error, ErrorKind, Result};
+use crate::runtime::{Limits, Runtime};
+
+/// How often the component path is looked at.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Limits of the smoke run: a healthy component answers these in microseconds.
+pub fn smoke_limits(limits: Limits) -> Limits {
+    Limits { deadline: limits.deadline.min(Duration::from_millis(500)), memory: limits.memory.min(32 << 20) }
+}
+
+/// Every step but the swap: compile (or take from `cache`), type-check, smoke-run.
+pub async fn prepare(runtime: &Runtime, bytes: &[u8], cache: Option<&Path>, limits: Limits) -> Result<Loaded> {
+    let guest = runtime.load(bytes, cache)?;
+    let smoke = smoke_limits(limits);
+    let scratch = MemoryBackend::new();
+    let info = guest.info(scratch.clone(), smoke).await?;
+    if info.wit_version != crate::WIT_VERSION {
+        return Err(Error::new(ErrorKind::Guest, format!("built against {}, this host speaks {}", info.wit_version, crate::WIT_VERSION)));
+    }
+    let rows = guest.compile_registry(scratch, smoke).await?;
+    if rows.is_empty() {
+        return Err(Error::new(ErrorKind::Guest, "the component compiles an empty registry"));
+    }
+    Ok(Loaded { guest, info })
+}
+
+/// What identifies a file's version without reading it.
+fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+/// Watches `path` and SIGHUP until the task is dropped, swapping in each new component.
+pub async fn watch(
+    path: PathBuf,
+    runtime: Runtime,
+    current: Arc<Current>,
+    cache: PathBuf,
+    limits: Limits,
+    backend: Arc<dyn Backend>,
+) {
+    let mut hup = signal(SignalKind::hangup()).ok();
+    let mut seen = stamp(&path);
+    loop {
+        let hangup = tokio::select! {
+            _ = tokio::time::sleep(POLL) => false,
+            _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
+        };
+        let now = stamp(&path);
+        if !hangup && now == seen {
+            continue;
+        }
+        // A writer may still be at work: wait until the file holds still.
+        let mut settled = now;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let again = stamp(&path);
+            if again == settled {
+                break;
+            }
+            settled = again;
+        }
+        seen = settled;
+        upgrade(&path, &runtime, &current, &cache, limits, &backend, hangup).await;
+    }
+}
+
+/// One upgrade attempt; logs and records the outcome.
+pub async fn upgrade(path: &Path, runtime: &Runtime, current: &Current, cache: &Path, limits: Limits, backend: &Arc<dyn Backend>, forced: bool) {
+    let started = Instant::now();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            let reason = format!("reading {}: {e}", path.display());
+            tracing::warn!(reason, "component refused");
+            current.refuse(Refusal { digest: String::new(), reason });
+            return;
+        }
+    };
+    let digest = hex::encode(Sha256::digest(&bytes));
+    if digest == current.get().guest.digest() {
+        if forced {
+            tracing::info!(digest, "component unchanged; nothing to swap");
+        }
+        return;
+    }
+    match prepare(runtime, &bytes, Some(cache), limits).await {
+        Ok(loaded) => {
+            let (version, from_cache) = (loaded.info.version.clone(), loaded.guest.from_cache());
+            let old = current.swap(loaded);
+            tracing::info!(
+                digest, version, from_cache, old_version = old.info.version, elapsed = ?started.elapsed(),
+                "component swapped"
+            );
+            crate::serve::reconcile(current, backend, limits).await;
+        }
+        Err(e) => {
+            tracing::warn!(digest, reason = e.message(), elapsed = ?started.elapsed(), "component refused; the current one keeps serving");
+            current.refuse(Refusal { digest, reason: e.message().to_string() });
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The verb over a real bus against a bare NATS echo round trip measured in the same run:
+//! p50/p99 for a narrowed needs query (10 entries) with the needs bucket at 10 thousand and at
+//! 1 million keys, throughput with 32 concurrent requesters, and the host's resident memory
+//! against the raw bytes of the mirrored keys and values. A benchmark, not a test.
+//!
+//! `cargo build --release -p mesh-provisioner && cargo bench -p tests --bench bus`
+//! (uses `target/release/mesh-provisioner` when built, else the debug binary; `BENCH_KEYS` sets
+//! the large size, default 1 000 000).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::Client;
+use futures::StreamExt;
+use tests::nats::{Bus, Host};
+
+const NEEDS: &str = "mesh-provisioner_needs";
+const VALUE: &[u8] = br#"{"placeholder":"${config:name}","part":"api"}"#;
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn latencies(c: &Client, subject: &str, body: &[u8], n: usize) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let m = c.request(subject.to_string(), body.to_vec().into()).await.expect("reply");
+        out.push(t.elapsed());
+        std::hint::black_box(m);
+    }
+    out
+}
+
+async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: Duration) -> f64 {
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (c, count, subject, body) = (c.clone(), count.clone(), subject.to_string(), body.to_vec());
+        handles.push(tokio::spawn(async move {
+            while start.elapsed() < for_ {
+                if c.request(subject.clone(), body.clone().into()).await.is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
+async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
+    let js = bus.js(&format!("node-{node}")).await;
+    let mut raw = 0u64;
+    let keys: Vec<String> = (from..to).flat_map(|m| (0..10).map(move |k| format!("{node}.m{m:06}.config.name{k}"))).collect();
+    let mut acks = futures::stream::iter(keys.into_iter().map(|key| {
+        let js = js.clone();
+        raw += (key.len() + VALUE.len()) as u64;
+        async move {
+            let subject = format!("$KV.{NEEDS}.{key}");
+            loop {
+                match js.publish(subject.clone(), VALUE.into()).await {
+                    Ok(ack) => match ack.await {
+                        Ok(_) => return,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    },
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+    }))
+    .buffer_unordered(512);
+    while acks.next().await.is_some() {}
+    raw
+}
+
+async fn wait_for(c: &Client, node: &str, module: usize) {
+    let q = format!(r#"{{"what":"needs","node":"{node}","module":"m{module:06}"}}"#);
+    let start = Instant::now();
+    loop {
+        if let Ok(m) = c.request("mesh-provisioner.provisioning", q.clone().into()).await {
+            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap_or_default();
+            if v["entries"].as_array().map_or(0, |e| e.len()) == 10 {
+                return;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "mirror never caught up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn measure(label: &str, c: &Client, query: &[u8]) {
+    let n = 3000;
+    let _ = latencies(c, "bench.echo", query, 200).await;
+    let _ = latencies(c, "mesh-provisioner.provisioning", query, 200).await;
+    let mut echo = latencies(c, "bench.echo", query, n).await;
+    let mut verb = latencies(c, "mesh-provisioner.provisioning", query, n).await;
+    let (e50, e99, v50, v99) = (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut verb, 0.5), pct(&mut verb, 0.99));
+    println!(
+        "{label}: echo p50 {:.0} µs p99 {:.0} µs | verb p50 {:.0} µs ({:.2}× echo) p99 {:.0} µs ({:.2}× echo)",
+        e50.as_secs_f64() * 1e6, e99.as_secs_f64() * 1e6,
+        v50.as_secs_f64() * 1e6, v50.as_secs_f64() / e50.as_secs_f64(),
+        v99.as_secs_f64() * 1e6, v99.as_secs_f64() / e99.as_secs_f64()
+    );
+    let d = Duration::from_secs(3);
+    let et = throughput(c, "bench.echo", query, 32, d).await;
+    let vt = throughput(c, "mesh-provisioner.provisioning", query, 32, d).await;
+    println!("{label}: 32 requesters: echo {et:.0} req/s, verb {vt:.0} req/s ({:.2}× echo)", vt / et);
+}
+
+#[tokio::main]
+async fn main() {
+    let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let release = tests::target_dir().join("release/mesh-provisioner");
+    if release.exists() && std::env::var_os("MESH_PROVISIONER_BIN").is_none() {
+        std::env::set_var("MESH_PROVISIONER_BIN", &release);
+    }
+    println!("host binary: {}", tests::nats::host_binary().display());
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    let pid = host.child.id().expect("host pid");
+    let c = bus.client("mesh-provisioner").await;
+    let mut echo = c.subscribe("bench.echo").await.expect("subscribe");
+    let responder = c.clone();
+    tokio::spawn(async move {
+        while let Some(m) = echo.next().await {
+            if let Some(r) = m.reply {
+                let _ = responder.publish(r, m.payload).await;
+            }
+        }
+    });
+    let query = br#"{"what":"needs","node":"alpha","module":"m000420"}"#;
+
+    let rss0 = rss_kib(pid);
+    let mut raw = fill(&bus, "alpha", 0, 1000).await;
+    wait_for(&c, "alpha", 999).await;
+    println!("needs at 10 000 keys (host RSS {} MiB)", rss_kib(pid) / 1024);
+    measure("10k", &c, query).await;
+
+    let per_node = large / 10 / 3;
+    let t = Instant::now();
+    raw += fill(&bus, "alpha", 1000, per_node).await;
+    raw += fill(&bus, "beta", 0, per_node).await;
+    raw += fill(&bus, "gamma", 0, per_node + (large / 10) % 3).await;
+    wait_for(&c, "gamma", per_node + (large / 10) % 3 - 1).await;
+    let keys = (per_node * 2 + per_node + (large / 10) % 3) * 10;
+    println!("needs at {keys} keys (written and mirrored in {:.1} s)", t.elapsed().as_secs_f64());
+    measure(&format!("{}k", keys / 1000), &c, query).await;
+    let rss1 = rss_kib(pid);
+    println!(
+        "host RSS: {} MiB before filling, {} MiB with {keys} keys mirrored; raw keys+values {} MiB; growth / raw = {:.2}×, total / raw = {:.2}×",
+        rss0 / 1024, rss1 / 1024, raw >> 20,
+        (rss1 - rss0) as f64 * 1024.0 / raw as f64,
+        rss1 as f64 * 1024.0 / raw as f64
+    );
+    host.stop().await;
+}
