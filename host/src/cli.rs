@@ -81,6 +81,12 @@ pub struct Serve {
     /// Memory one guest call may use, in MiB.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub guest_memory: u32,
+    /// The seat's lease: a holder that cannot renew within it loses the seat.
+    #[arg(long, env = "MESH_PROVISIONER_SEAT_TTL", default_value = "10s", value_parser = parse_duration)]
+    pub seat_ttl: Duration,
+    /// This instance's name in the seat's lease (default: host name, pid and a random tag).
+    #[arg(long, env = "MESH_PROVISIONER_INSTANCE")]
+    pub instance: Option<String>,
     /// Replicas of the buckets the server creates.
     #[arg(long, env = "MESH_PROVISIONER_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub replicas: u8,

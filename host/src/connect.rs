@@ -38,10 +38,11 @@ pub async fn options(c: &Connect, name: &str) -> Result<ConnectOptions> {
     Ok(o.name(name).connection_timeout(Duration::from_secs(5)))
 }
 
-/// Connects to `url` with `options`.
+/// Connects to `url` (a comma-separated list for a cluster) with `options`.
 pub async fn connect(url: &str, options: ConnectOptions) -> Result<Client> {
+    let urls: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
     options
-        .connect(url)
+        .connect(urls.as_slice())
         .await
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("connecting to {url}: {e}")))
 }

@@ -19,6 +19,7 @@ pub mod nats;
 pub mod query;
 pub mod reload;
 pub mod runtime;
+pub mod seat;
 pub mod serve;
 pub mod service;
 

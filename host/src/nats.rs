@@ -6,8 +6,7 @@
 //! async-nats failure becomes a host [`Error`] here, by its kind.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -18,6 +17,7 @@ use futures::StreamExt;
 use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mirror::Mirror;
+use crate::seat::Seat;
 
 /// The buckets the node clients write and the provisioner reads.
 pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
@@ -30,7 +30,10 @@ pub struct NatsBackend {
     js: jetstream::Context,
     registry: kv::Store,
     mirrors: std::sync::Mutex<HashMap<String, Arc<Mirror>>>,
-    writable: AtomicBool,
+    /// The seat gating registry writes; none set means this instance may write (tests, tools).
+    seat: OnceLock<Arc<Seat>>,
+    /// Bumped to make every mirror replay from scratch (after a reconnect).
+    resync: tokio::sync::watch::Sender<u64>,
 }
 
 impl NatsBackend {
@@ -41,7 +44,14 @@ impl NatsBackend {
         for b in CLIENT_BUCKETS {
             open_bucket(&js, b, "written by each node's provisioner client", 1, replicas).await?;
         }
-        Ok(Arc::new(NatsBackend { client, js, registry, mirrors: Default::default(), writable: AtomicBool::new(true) }))
+        Ok(Arc::new(NatsBackend {
+            client,
+            js,
+            registry,
+            mirrors: Default::default(),
+            seat: OnceLock::new(),
+            resync: tokio::sync::watch::channel(0).0,
+        }))
     }
 
     pub fn client(&self) -> &Client {
@@ -52,9 +62,15 @@ impl NatsBackend {
         &self.js
     }
 
-    /// Allows or forbids registry writes (only the seat's holder writes).
-    pub fn set_writable(&self, writable: bool) {
-        self.writable.store(writable, Ordering::SeqCst);
+    /// From now on, registry writes need `seat` to be held at the moment of writing.
+    pub fn gate_writes(&self, seat: Arc<Seat>) {
+        let _ = self.seat.set(seat);
+    }
+
+    /// Makes every mirror replay its bucket from scratch; until each is back in sync, reads of
+    /// it wait (bounded) and then fail: never a stale answer presented as complete.
+    pub fn resync(&self) {
+        self.resync.send_modify(|g| *g += 1);
     }
 
     /// The mirrors started so far.
@@ -79,7 +95,7 @@ impl NatsBackend {
                     None => {
                         let m = Arc::new(Mirror::new());
                         map.insert(bucket.to_string(), m.clone());
-                        tokio::spawn(follow(self.js.clone(), bucket.to_string(), m.clone()));
+                        tokio::spawn(follow(self.js.clone(), bucket.to_string(), m.clone(), self.resync.subscribe()));
                         m
                     }
                 }
@@ -107,10 +123,9 @@ impl NatsBackend {
     }
 
     fn check_writable(&self) -> Result<()> {
-        if self.writable.load(Ordering::SeqCst) {
-            Ok(())
-        } else {
-            Err(Error::new(ErrorKind::Denied, "this instance does not hold the seat"))
+        match self.seat.get() {
+            Some(seat) if !seat.is_held() => Err(Error::new(ErrorKind::Denied, "this instance does not hold the seat")),
+            _ => Ok(()),
         }
     }
 }
@@ -131,10 +146,20 @@ async fn open_bucket(js: &jetstream::Context, bucket: &str, description: &str, h
 }
 
 /// Keeps `mirror` equal to `bucket`, resyncing from scratch whenever the watch ends.
-async fn follow(js: jetstream::Context, bucket: String, mirror: Arc<Mirror>) {
+async fn follow(js: jetstream::Context, bucket: String, mirror: Arc<Mirror>, mut resync: tokio::sync::watch::Receiver<u64>) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        match follow_once(&js, &bucket, &mirror).await {
+        resync.borrow_and_update();
+        let outcome = tokio::select! {
+            r = follow_once(&js, &bucket, &mirror) => r,
+            _ = resync.changed() => {
+                tracing::info!(bucket, "resyncing the mirror");
+                mirror.set_ready(false);
+                backoff = Duration::from_millis(50);
+                continue;
+            }
+        };
+        match outcome {
             Ok(()) => tracing::warn!(bucket, "watch ended; resyncing the mirror"),
             Err(e) => tracing::warn!(bucket, "mirror lost: {e}; resyncing"),
         }

@@ -16,6 +16,7 @@ use crate::backend::{Backend, MemoryBackend};
 use crate::current::{Current, Loaded, Refusal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{Limits, Runtime};
+use crate::seat::Seat;
 
 /// How often the component path is looked at.
 const POLL: Duration = Duration::from_millis(200);
@@ -56,6 +57,7 @@ pub async fn watch(
     cache: PathBuf,
     limits: Limits,
     backend: Arc<dyn Backend>,
+    seat: Arc<Seat>,
 ) {
     let mut hup = signal(SignalKind::hangup()).ok();
     let mut seen = stamp(&path);
@@ -79,12 +81,22 @@ pub async fn watch(
             settled = again;
         }
         seen = settled;
-        upgrade(&path, &runtime, &current, &cache, limits, &backend, hangup).await;
+        upgrade(&path, &runtime, &current, &cache, limits, &backend, &seat, hangup).await;
     }
 }
 
 /// One upgrade attempt; logs and records the outcome.
-pub async fn upgrade(path: &Path, runtime: &Runtime, current: &Current, cache: &Path, limits: Limits, backend: &Arc<dyn Backend>, forced: bool) {
+#[allow(clippy::too_many_arguments)]
+pub async fn upgrade(
+    path: &Path,
+    runtime: &Runtime,
+    current: &Current,
+    cache: &Path,
+    limits: Limits,
+    backend: &Arc<dyn Backend>,
+    seat: &Seat,
+    forced: bool,
+) {
     let started = Instant::now();
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
@@ -110,7 +122,7 @@ pub async fn upgrade(path: &Path, runtime: &Runtime, current: &Current, cache: &
                 digest, version, from_cache, old_version = old.info.version, elapsed = ?started.elapsed(),
                 "component swapped"
             );
-            crate::serve::reconcile(current, backend, limits).await;
+            crate::serve::reconcile(current, backend, seat, limits).await;
         }
         Err(e) => {
             tracing::warn!(digest, reason = e.message(), elapsed = ?started.elapsed(), "component refused; the current one keeps serving");

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 
 use crate::backend::Backend;
 use crate::cli::Serve;
@@ -14,6 +15,7 @@ use crate::embedded::{self, Access, Server};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nats::NatsBackend;
 use crate::runtime::{Limits, Runtime};
+use crate::seat::Seat;
 
 /// Reconciling writes over the bus; it gets more time than a verb call.
 const RECONCILE_DEADLINE: Duration = Duration::from_secs(30);
@@ -26,13 +28,26 @@ pub async fn run(args: Serve) -> Result<()> {
     let runtime = Runtime::new()?;
     let current = Current::new(load(&runtime, &args.component, state, limits).await?);
 
+    if args.seat_ttl < Duration::from_millis(500) {
+        return Err(Error::new(ErrorKind::Config, "--seat-ttl must be at least 500ms"));
+    }
     let mut embedded: Option<Server> = None;
+    // Every (re)connection to the bus after the first bumps this.
+    let (events_tx, events) = watch::channel(0u64);
+    let on_event = move |event: async_nats::Event| {
+        let tx = events_tx.clone();
+        async move {
+            if let async_nats::Event::Connected = event {
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    };
     let client = match &args.connect.nats_url {
         Some(url) => {
             if args.demo {
                 return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
             }
-            connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?).await?
+            connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?
         }
         None => {
             let dir = state.join("nats");
@@ -51,7 +66,9 @@ pub async fn run(args: Serve) -> Result<()> {
                 state.display()
             );
             let password = access.password(PROVISIONER_USER).unwrap_or_default().to_string();
-            let o = async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password).name("mesh-provisioner");
+            let o = async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password)
+                .name("mesh-provisioner")
+                .event_callback(on_event);
             embedded = Some(server);
             connect::connect(&access.url, o).await?
         }
@@ -59,34 +76,56 @@ pub async fn run(args: Serve) -> Result<()> {
 
     let nats = NatsBackend::open(client.clone(), args.replicas as usize).await?;
     let backend: Arc<dyn Backend> = nats.clone();
-    reconcile(&current, &backend, limits).await;
-
-    if args.demo {
-        if let Some(server) = &embedded {
-            crate::demo::write(&server.access).await?;
-            tracing::info!("demo mesh written: try `mesh-provisioner query needs --node alpha --state-dir {}`", state.display());
+    let instance = match &args.instance {
+        Some(i) => i.clone(),
+        None => default_instance()?,
+    };
+    let seat = Seat::open(nats.jetstream(), args.seat_ttl, args.replicas as usize, instance).await?;
+    nats.gate_writes(seat.clone());
+    // A standby keeps its mirrors warm so that taking over is quick.
+    for bucket in [crate::backend::REGISTRY_BUCKET].into_iter().chain(crate::nats::CLIENT_BUCKETS) {
+        if let Err(e) = backend.mirror(bucket).await {
+            tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }
     }
+    let seat_task = tokio::spawn(seat.clone().run());
 
-    let ticker = {
-        let (current, backend, every) = (current.clone(), backend.clone(), args.registry_every);
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(every);
-            t.tick().await;
-            loop {
-                t.tick().await;
-                reconcile(&current, &backend, limits).await;
-            }
-        })
-    };
-
-    let shutdown = async {
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
         let mut term = signal(SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {},
         }
         tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+
+    // After a reconnect: mirrors replay, and the holder reconciles the registry.
+    let reconnects = {
+        let (nats, current, backend, seat) = (nats.clone(), current.clone(), backend.clone(), seat.clone());
+        let mut events = events;
+        tokio::spawn(async move {
+            while events.changed().await.is_ok() {
+                tracing::info!("reconnected to the bus: resyncing mirrors");
+                nats.resync();
+                if seat.is_held() {
+                    reconcile(&current, &backend, &seat, limits).await;
+                }
+            }
+        })
+    };
+
+    let ticker = {
+        let (current, backend, seat, every) = (current.clone(), backend.clone(), seat.clone(), args.registry_every);
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(every);
+            t.tick().await;
+            loop {
+                t.tick().await;
+                reconcile(&current, &backend, &seat, limits).await;
+            }
+        })
     };
     let watcher = tokio::spawn(crate::reload::watch(
         args.component.clone(),
@@ -95,15 +134,60 @@ pub async fn run(args: Serve) -> Result<()> {
         state.join("components"),
         limits,
         backend.clone(),
+        seat.clone(),
     ));
-    let served = crate::service::serve(client.clone(), backend, current, limits, shutdown).await;
+
+    let mut demo_done = !args.demo;
+    let mut held = seat.subscribe();
+    let mut stopping = stop.clone();
+    let served = loop {
+        if *stopping.borrow() {
+            break Ok(());
+        }
+        if !*held.borrow_and_update() {
+            tracing::info!(instance = seat.instance(), "standing by: mirrors warm, component compiled");
+            tokio::select! {
+                _ = held.changed() => continue,
+                _ = stopping.changed() => continue,
+            }
+        }
+        // Holding the seat: reconcile at once, then serve until the seat is lost or we stop.
+        reconcile(&current, &backend, &seat, limits).await;
+        if !demo_done {
+            if let Some(server) = &embedded {
+                crate::demo::write(&server.access).await?;
+                tracing::info!("demo mesh written: try `mesh-provisioner query needs --node alpha --state-dir {}`", state.display());
+            }
+            demo_done = true;
+        }
+        let (mut lost, mut stop_now) = (seat.subscribe(), stop.clone());
+        let until = async move {
+            tokio::select! {
+                _ = async { while *lost.borrow_and_update() { if lost.changed().await.is_err() { break } } } => {},
+                _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
+            }
+        };
+        if let Err(e) = crate::service::serve(client.clone(), backend.clone(), current.clone(), Some(seat.clone()), limits, until).await {
+            break Err(e);
+        }
+    };
     watcher.abort();
     ticker.abort();
+    reconnects.abort();
+    seat_task.abort();
+    seat.release().await;
     let _ = client.drain().await;
     if let Some(server) = embedded {
         server.stop().await;
     }
     served
+}
+
+/// `host-pid-tag`: unique per process, readable in the lease.
+fn default_instance() -> Result<String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "host".into());
+    let tag: String = crate::embedded::random_password()?.chars().take(6).collect();
+    Ok(format!("{}-{}-{tag}", host.trim(), std::process::id()))
 }
 
 /// Reads, compiles (or takes from the cache), type-checks and smoke-runs a component.
@@ -123,8 +207,11 @@ pub async fn load(runtime: &Runtime, path: &std::path::Path, state: &std::path::
     Ok(loaded)
 }
 
-/// One reconciliation of the registry, logged.
-pub async fn reconcile(current: &Current, backend: &Arc<dyn Backend>, limits: Limits) {
+/// One reconciliation of the registry, logged; only the seat's holder reconciles.
+pub async fn reconcile(current: &Current, backend: &Arc<dyn Backend>, seat: &Seat, limits: Limits) {
+    if !seat.is_held() {
+        return;
+    }
     let limits = Limits { deadline: limits.deadline.max(RECONCILE_DEADLINE), ..limits };
     match current.get().guest.reconcile(backend.clone(), limits).await {
         Ok(Ok(r)) => tracing::info!(

@@ -20,6 +20,7 @@ use crate::backend::Backend;
 use crate::current::Current;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{Limits, ReplyCode};
+use crate::seat::Seat;
 
 pub const SERVICE_NAME: &str = "mesh-provisioner";
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
@@ -45,13 +46,14 @@ pub struct Micro {
     id: String,
     started: String,
     current: Arc<Current>,
+    seat: Option<Arc<Seat>>,
     stats: Mutex<Stats>,
 }
 
 impl Micro {
-    pub fn new(current: Arc<Current>) -> Result<Arc<Self>> {
+    pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>) -> Result<Arc<Self>> {
         let id = crate::embedded::random_password()?.chars().take(22).collect();
-        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, stats: Mutex::default() }))
+        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, stats: Mutex::default() }))
     }
 
     pub fn id(&self) -> &str {
@@ -70,6 +72,9 @@ impl Micro {
             "swaps": self.current.swaps().to_string(),
             "refusals": refusals.to_string(),
         });
+        if let Some(seat) = &self.seat {
+            m["instance"] = json!(seat.instance());
+        }
         if let Some(r) = last {
             m["last_refusal_digest"] = json!(r.digest);
             m["last_refusal"] = json!(r.reason.chars().take(512).collect::<String>());
@@ -129,10 +134,11 @@ pub async fn serve(
     client: Client,
     backend: Arc<dyn Backend>,
     current: Arc<Current>,
+    seat: Option<Arc<Seat>>,
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let micro = Micro::new(current.clone())?;
+    let micro = Micro::new(current.clone(), seat)?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
     let mut endpoint = client.queue_subscribe(PROVISIONING, QUEUE_GROUP.into()).await.map_err(sub_err)?;
     let mut control = Vec::new();
@@ -181,11 +187,17 @@ async fn answer(client: &Client, request: Message, backend: Arc<dyn Backend>, mi
     let started = Instant::now();
     let Some(reply_to) = request.reply.clone() else { return };
     let loaded = micro.current.get();
-    let (code, body) = match loaded.guest.handle(backend, limits, PROVISIONING, &request.payload, max_reply).await {
-        Ok(reply) => (reply.code, reply.body),
-        Err(e) => {
-            tracing::warn!("guest failed a request: {e}");
-            (ReplyCode::Internal, error_body("internal", e.message()))
+    let holding = micro.seat.as_ref().is_none_or(|s| s.is_held());
+    let (code, body) = if !holding {
+        // Between losing the seat and unsubscribing: say so rather than answer as the holder.
+        (ReplyCode::Unavailable, error_body("unavailable", "this instance no longer holds the seat; retry"))
+    } else {
+        match loaded.guest.handle(backend, limits, PROVISIONING, &request.payload, max_reply).await {
+            Ok(reply) => (reply.code, reply.body),
+            Err(e) => {
+                tracing::warn!("guest failed a request: {e}");
+                (ReplyCode::Internal, error_body("internal", e.message()))
+            }
         }
     };
     let (sent, error) = match code {

@@ -1,0 +1,177 @@
+//! The seat (SPEC §8): held once for the mesh, as a lease on key `holder` of
+//! `mesh-provisioner_seat` (history 1, max age = the TTL, so a dead holder's lease expires).
+//!
+//! Taken with create, renewed with compare-and-set every TTL/3, the value naming the instance.
+//! The lease is held only until a monotonic deadline (¾ TTL after the last renewal was sent), so
+//! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
+//! before the TTL can pass, even before this task gets to run again.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::error::{Error, ErrorKind, Result};
+
+pub const SEAT_BUCKET: &str = "mesh-provisioner_seat";
+pub const HOLDER: &str = "holder";
+
+/// Why a lease operation failed, by kind.
+fn lease_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Unavailable, format!("seat {what}: {e}"))
+}
+
+pub struct Seat {
+    kv: kv::Store,
+    instance: String,
+    ttl: Duration,
+    /// The lease's revision and the monotonic instant it is held until.
+    lease: Mutex<Option<(u64, Instant)>>,
+    held: watch::Sender<bool>,
+}
+
+impl Seat {
+    /// Opens (or creates) the seat bucket for `ttl`.
+    pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
+        let kv = match js.get_key_value(SEAT_BUCKET).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: SEAT_BUCKET.into(),
+                    description: "mesh-provisioner: who holds the seat".into(),
+                    history: 1,
+                    max_age: ttl,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| lease_err("bucket", e))?,
+        };
+        Ok(Arc::new(Seat { kv, instance, ttl, lease: Mutex::new(None), held: watch::channel(false).0 }))
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// How often the holder renews and a standby tries to take the seat.
+    pub fn interval(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Whether the lease is held right now (by the monotonic clock, not by what this task last saw).
+    pub fn is_held(&self) -> bool {
+        matches!(*self.lease.lock().unwrap_or_else(|p| p.into_inner()), Some((_, until)) if Instant::now() < until)
+    }
+
+    /// Wakes on every change of holding.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.held.subscribe()
+    }
+
+    fn value(&self) -> bytes::Bytes {
+        json!({"instance": self.instance, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64})
+            .to_string()
+            .into()
+    }
+
+    fn hold(&self, revision: u64, sent: Instant) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some((revision, sent + self.ttl * 3 / 4));
+        self.held.send_if_modified(|h| !std::mem::replace(h, true));
+    }
+
+    fn drop_lease(&self, why: &str) {
+        let had = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take().is_some();
+        if had {
+            tracing::warn!(instance = self.instance, "lost the seat: {why}; no longer serving or writing");
+        }
+        self.held.send_if_modified(|h| std::mem::replace(h, false));
+    }
+
+    /// One step: renew if holding, else try to take. Returns whether the seat is held.
+    pub async fn step(&self) -> bool {
+        let sent = Instant::now();
+        let current = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        match current {
+            Some((_, until)) if sent >= until => {
+                self.drop_lease("the lease ran out before it was renewed (paused or cut off)");
+                false
+            }
+            Some((revision, _)) => match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), revision)).await {
+                Ok(Ok(rev)) => {
+                    self.hold(rev, sent);
+                    true
+                }
+                Ok(Err(e)) => {
+                    self.drop_lease(&format!("renewal refused: {e}"));
+                    false
+                }
+                Err(_) => {
+                    self.drop_lease("renewal timed out");
+                    false
+                }
+            },
+            None => self.take(sent).await,
+        }
+    }
+
+    async fn take(&self, sent: Instant) -> bool {
+        match tokio::time::timeout(self.interval(), self.kv.create(HOLDER, self.value())).await {
+            Ok(Ok(rev)) => {
+                tracing::info!(instance = self.instance, revision = rev, "took the seat");
+                self.hold(rev, sent);
+                true
+            }
+            Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => self.reclaim(sent).await,
+            Ok(Err(e)) => {
+                tracing::debug!("seat not taken: {e}");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// After a bus outage the lease may still name this instance: take it back by
+    /// compare-and-set on its revision instead of waiting for it to expire.
+    async fn reclaim(&self, sent: Instant) -> bool {
+        let Ok(Ok(Some(entry))) = tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await else {
+            return false;
+        };
+        let ours = serde_json::from_slice::<serde_json::Value>(&entry.value)
+            .ok()
+            .is_some_and(|v| v["instance"] == self.instance.as_str());
+        if !ours || entry.operation != kv::Operation::Put {
+            return false;
+        }
+        match self.kv.update(HOLDER, self.value(), entry.revision).await {
+            Ok(rev) => {
+                tracing::info!(instance = self.instance, revision = rev, "took the seat back");
+                self.hold(rev, sent);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Renews or tries to take the seat every interval, until dropped.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            self.step().await;
+            tokio::time::sleep(self.interval()).await;
+        }
+    }
+
+    /// Gives the seat up at shutdown so a standby takes over at once.
+    pub async fn release(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.held.send_if_modified(|h| std::mem::replace(h, false));
+        if let Some((revision, _)) = lease {
+            match self.kv.delete_expect_revision(HOLDER, Some(revision)).await {
+                Ok(()) => tracing::info!(instance = self.instance, "released the seat"),
+                Err(e) => tracing::warn!("could not release the seat: {e}"),
+            }
+        }
+    }
+}
