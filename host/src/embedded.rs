@@ -50,9 +50,12 @@ impl Access {
     }
 }
 
-/// Renders the example config for a port, a store directory and passwords.
-pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)]) -> String {
-    let mut conf = SERVER_CONF.replace("{{PORT}}", &port.to_string()).replace("{{STORE_DIR}}", &store_dir.display().to_string());
+/// Renders the example config for a port, a store directory, passwords and a cluster block.
+pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], cluster: &str) -> String {
+    let mut conf = SERVER_CONF
+        .replace("{{PORT}}", &port.to_string())
+        .replace("{{STORE_DIR}}", &store_dir.display().to_string())
+        .replace("{{CLUSTER}}", cluster);
     for (placeholder, user) in USERS {
         let password = passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str()).unwrap_or("");
         conf = conf.replace(&format!("{{{{PASSWORD_{placeholder}}}}}"), password);
@@ -87,6 +90,11 @@ impl Server {
     /// Starts `nats-server` with the example config under `dir` (`dir/jetstream` holds the data),
     /// on `port` (a free one if `None`), and waits until it accepts connections.
     pub async fn start(dir: &Path, port: Option<u16>, passwords: Option<Vec<(String, String)>>) -> Result<Server> {
+        Self::start_with(dir, port, passwords, "").await
+    }
+
+    /// As [`Server::start`], with `cluster` (a `cluster { … }` block) in the config.
+    pub async fn start_with(dir: &Path, port: Option<u16>, passwords: Option<Vec<(String, String)>>, cluster: &str) -> Result<Server> {
         let port = match port {
             Some(p) => p,
             None => free_port()?,
@@ -98,7 +106,7 @@ impl Server {
             None => USERS.iter().map(|(_, u)| Ok((u.to_string(), random_password()?))).collect::<Result<_>>()?,
         };
         let conf_path = dir.join("nats-server.conf");
-        let conf = render(port, &dir.join("jetstream"), &passwords);
+        let conf = render(port, &dir.join("jetstream"), &passwords, cluster);
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
         let log = std::fs::File::create(dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
         let child = Command::new("nats-server")

@@ -130,7 +130,22 @@ impl NatsBackend {
     }
 }
 
+/// Opens or creates a bucket, retrying for a while: a cluster's JetStream may still be electing.
 async fn open_bucket(js: &jetstream::Context, bucket: &str, description: &str, history: i64, replicas: usize) -> Result<kv::Store> {
+    let start = Instant::now();
+    loop {
+        match open_bucket_once(js, bucket, description, history, replicas).await {
+            Ok(kv) => return Ok(kv),
+            Err(e) if start.elapsed() < Duration::from_secs(60) => {
+                tracing::info!(bucket, "bucket not ready yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn open_bucket_once(js: &jetstream::Context, bucket: &str, description: &str, history: i64, replicas: usize) -> Result<kv::Store> {
     if let Ok(kv) = js.get_key_value(bucket).await {
         return Ok(kv);
     }

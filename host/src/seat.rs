@@ -1,7 +1,8 @@
 //! The seat (SPEC §8): held once for the mesh, as a lease on key `holder` of
 //! `mesh-provisioner_seat` (history 1, max age = the TTL, so a dead holder's lease expires).
 //!
-//! Taken with create, renewed with compare-and-set every TTL/3, the value naming the instance.
+//! Taken with create, renewed with compare-and-set every TTL/3, the value naming the instance. A
+//! standby takes over a lease whose revision has not moved for a whole TTL, by compare-and-set.
 //! The lease is held only until a monotonic deadline (¾ TTL after the last renewal was sent), so
 //! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
 //! before the TTL can pass, even before this task gets to run again.
@@ -29,36 +30,54 @@ pub struct Seat {
     ttl: Duration,
     /// The lease's revision and the monotonic instant it is held until.
     lease: Mutex<Option<(u64, Instant)>>,
+    /// As a standby: the holder's revision last seen and when it was first seen.
+    observed: Mutex<Option<(u64, Instant)>>,
     held: watch::Sender<bool>,
 }
 
 impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
-        let kv = match js.get_key_value(SEAT_BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: SEAT_BUCKET.into(),
-                    description: "mesh-provisioner: who holds the seat".into(),
-                    history: 1,
-                    max_age: ttl,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| lease_err("bucket", e))?,
+        let start = Instant::now();
+        let kv = loop {
+            let opened = match js.get_key_value(SEAT_BUCKET).await {
+                Ok(kv) => Ok(kv),
+                Err(_) => js
+                    .create_key_value(kv::Config {
+                        bucket: SEAT_BUCKET.into(),
+                        description: "mesh-provisioner: who holds the seat".into(),
+                        history: 1,
+                        max_age: ttl,
+                        num_replicas: replicas,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| lease_err("bucket", e)),
+            };
+            match opened {
+                Ok(kv) => break kv,
+                Err(e) if start.elapsed() < Duration::from_secs(60) => {
+                    tracing::info!("seat bucket not ready yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
         };
-        Ok(Arc::new(Seat { kv, instance, ttl, lease: Mutex::new(None), held: watch::channel(false).0 }))
+        Ok(Arc::new(Seat { kv, instance, ttl, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0 }))
     }
 
     pub fn instance(&self) -> &str {
         &self.instance
     }
 
-    /// How often the holder renews and a standby tries to take the seat.
+    /// How often the holder renews.
     pub fn interval(&self) -> Duration {
         self.ttl / 3
+    }
+
+    /// How often a standby looks at the lease.
+    pub fn poll(&self) -> Duration {
+        self.interval().min(Duration::from_millis(250))
     }
 
     /// Whether the lease is held right now (by the monotonic clock, not by what this task last saw).
@@ -124,7 +143,7 @@ impl Seat {
                 self.hold(rev, sent);
                 true
             }
-            Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => self.reclaim(sent).await,
+            Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => self.contend(sent).await,
             Ok(Err(e)) => {
                 tracing::debug!("seat not taken: {e}");
                 false
@@ -133,33 +152,50 @@ impl Seat {
         }
     }
 
-    /// After a bus outage the lease may still name this instance: take it back by
-    /// compare-and-set on its revision instead of waiting for it to expire.
-    async fn reclaim(&self, sent: Instant) -> bool {
+    /// The lease exists. Take it by compare-and-set on its revision when it names this instance
+    /// (after a bus outage), or when its holder has not renewed for a whole TTL by this
+    /// instance's clock: the holder stopped itself ¾ TTL after sending its last renewal, which
+    /// was before it was seen here. Waiting for the bucket's max age to expire the key would
+    /// add the server's expiry granularity to every failover.
+    async fn contend(&self, sent: Instant) -> bool {
         let Ok(Ok(Some(entry))) = tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await else {
             return false;
         };
+        if entry.operation != kv::Operation::Put {
+            return false;
+        }
         let ours = serde_json::from_slice::<serde_json::Value>(&entry.value)
             .ok()
             .is_some_and(|v| v["instance"] == self.instance.as_str());
-        if !ours || entry.operation != kv::Operation::Put {
+        let stale = {
+            let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+            match *seen {
+                Some((rev, since)) if rev == entry.revision => since.elapsed() >= self.ttl,
+                _ => {
+                    *seen = Some((entry.revision, Instant::now()));
+                    false
+                }
+            }
+        };
+        if !ours && !stale {
             return false;
         }
-        match self.kv.update(HOLDER, self.value(), entry.revision).await {
-            Ok(rev) => {
-                tracing::info!(instance = self.instance, revision = rev, "took the seat back");
+        match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+            Ok(Ok(rev)) => {
+                let how = if ours { "took the seat back" } else { "took the seat from a holder that stopped renewing" };
+                tracing::info!(instance = self.instance, revision = rev, "{how}");
                 self.hold(rev, sent);
                 true
             }
-            Err(_) => false,
+            _ => false,
         }
     }
 
-    /// Renews or tries to take the seat every interval, until dropped.
+    /// Renews every interval, or as a standby looks at the lease every poll, until dropped.
     pub async fn run(self: Arc<Self>) {
         loop {
-            self.step().await;
-            tokio::time::sleep(self.interval()).await;
+            let held = self.step().await;
+            tokio::time::sleep(if held { self.interval() } else { self.poll() }).await;
         }
     }
 

@@ -107,6 +107,10 @@ pub async fn run(args: Serve) -> Result<()> {
         let mut events = events;
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
+                // The first connection is not a reconnection.
+                if *events.borrow_and_update() < 2 {
+                    continue;
+                }
                 tracing::info!("reconnected to the bus: resyncing mirrors");
                 nats.resync();
                 if seat.is_held() {

@@ -26,6 +26,16 @@ impl Bus {
         Bus { server, dir }
     }
 
+    /// Stops the server and starts it again on the same port, store and passwords.
+    pub async fn restart(self, down_for: Duration) -> Bus {
+        let Bus { server, dir } = self;
+        let (port, passwords) = (server.port, server.access.passwords.clone());
+        server.stop().await;
+        tokio::time::sleep(down_for).await;
+        let server = Server::start(dir.path(), Some(port), Some(passwords)).await.expect("nats-server restarts");
+        Bus { server, dir }
+    }
+
     pub fn access(&self) -> &Access {
         &self.server.access
     }
@@ -60,6 +70,47 @@ impl Bus {
     }
 }
 
+/// Three `nats-server`s in one JetStream cluster, each with the example config.
+pub struct Cluster {
+    pub servers: Vec<Option<Bus>>,
+}
+
+impl Cluster {
+    pub async fn start(n: usize) -> Cluster {
+        let ports: Vec<(u16, u16)> = (0..n)
+            .map(|_| (mesh_provisioner::embedded::free_port().unwrap(), mesh_provisioner::embedded::free_port().unwrap()))
+            .collect();
+        let passwords: Vec<(String, String)> = mesh_provisioner::embedded::USERS
+            .iter()
+            .map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap()))
+            .collect();
+        let mut servers = Vec::new();
+        for (i, (port, cport)) in ports.iter().enumerate() {
+            let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
+            let block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
+            let dir = tempfile::tempdir().expect("temp dir");
+            let server = Server::start_with(dir.path(), Some(*port), Some(passwords.clone()), &block).await.expect("cluster server starts");
+            servers.push(Some(Bus { server, dir }));
+        }
+        Cluster { servers }
+    }
+
+    pub fn bus(&self, i: usize) -> &Bus {
+        self.servers[i].as_ref().expect("server running")
+    }
+
+    /// Every running server's URL, comma-separated.
+    pub fn urls(&self) -> String {
+        self.servers.iter().flatten().map(|b| b.url().to_string()).collect::<Vec<_>>().join(",")
+    }
+
+    pub async fn kill(&mut self, i: usize) {
+        if let Some(b) = self.servers[i].take() {
+            b.server.stop().await;
+        }
+    }
+}
+
 /// The built host binary (scripts/test builds it), or `MESH_PROVISIONER_BIN`.
 pub fn host_binary() -> PathBuf {
     let path = std::env::var_os("MESH_PROVISIONER_BIN")
@@ -86,13 +137,20 @@ impl Host {
         Self::start_with(bus, state, &crate::component_path(), extra).await
     }
 
-    /// Starts the host serving the component at `component`.
+    /// Starts the host serving the component at `component`, and waits until it serves.
     pub async fn start_with(bus: &Bus, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
+        let mut host = Self::spawn(bus.url(), &bus.password("mesh-provisioner"), state, component, extra);
+        host.wait_serving(bus).await;
+        host
+    }
+
+    /// Starts the host against `url` (comma-separated for a cluster) without waiting.
+    pub fn spawn(url: &str, password: &str, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
         let log = state.path().join("host.log");
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let child = Command::new(host_binary())
             .arg("serve")
-            .args(["--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner")])
+            .args(["--nats-url", url, "--user", "mesh-provisioner", "--password", password])
             .arg("--component")
             .arg(component)
             .arg("--state-dir")
@@ -104,14 +162,27 @@ impl Host {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn the host binary");
-        let mut host = Host { child, state, log };
-        host.wait_serving(bus).await;
-        host
+        Host { child, state, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("host running")
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `KILL`, `HUP`).
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill").arg(format!("-{name}")).arg(self.pid().to_string()).status().map(|s| s.success());
+        assert!(matches!(ok, Ok(true)), "kill -{name} failed");
     }
 
     /// Waits until the verb answers (bounded).
     pub async fn wait_serving(&mut self, bus: &Bus) {
         let client = bus.client("node-alpha").await;
+        self.wait_answering(&client).await;
+    }
+
+    pub async fn wait_answering(&mut self, client: &Client) {
+        let client = client.clone();
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -145,7 +216,13 @@ impl Host {
 
 /// One request of the verb: the reply's error-code header (if any) and its JSON body.
 pub async fn ask_raw(client: &Client, body: &[u8]) -> Result<(Option<String>, Value), String> {
-    let req = async_nats::Request::new().payload(body.to_vec().into()).timeout(Some(Duration::from_secs(5)));
+    ask_within(client, body, Duration::from_secs(5)).await
+}
+
+/// As [`ask_raw`], waiting at most `timeout`: a request in flight to a responder that dies is
+/// lost, and a client retries it.
+pub async fn ask_within(client: &Client, body: &[u8], timeout: Duration) -> Result<(Option<String>, Value), String> {
+    let req = async_nats::Request::new().payload(body.to_vec().into()).timeout(Some(timeout));
     let msg = client.send_request("mesh-provisioner.provisioning", req).await.map_err(|e| e.to_string())?;
     let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
     let v = serde_json::from_slice(&msg.payload).map_err(|e| format!("not JSON ({e}): {:?}", msg.payload))?;
