@@ -50,10 +50,20 @@ impl Bus {
 
     /// A client logged in as `user` of the example config.
     pub async fn client(&self, user: &str) -> Client {
-        ConnectOptions::with_user_and_password(user.into(), self.password(user))
-            .connect(self.url())
-            .await
-            .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
+        // A loaded machine can miss a connect deadline; a few tries keep that from failing a test.
+        let mut last = String::new();
+        for _ in 0..5 {
+            match ConnectOptions::with_user_and_password(user.into(), self.password(user))
+                .connection_timeout(Duration::from_secs(10))
+                .connect(self.url())
+                .await
+            {
+                Ok(c) => return c,
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("connect to {} as {user}: {last}", self.url())
     }
 
     /// A JetStream context for `user` with a short timeout, so refused writes fail quickly.
