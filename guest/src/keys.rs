@@ -58,21 +58,21 @@ fn split(
     optional: usize,
 ) -> Result<Vec<String>, String> {
     let tokens: Vec<&str> = key.split('.').collect();
-    let spelled: Vec<String> = shape
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let name = match t {
-                Token::Ident(n) | Token::Name(n) => *n,
-            };
-            if i >= shape.len() - optional { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
-        })
-        .collect();
     let min = shape.len() - optional;
     if tokens.len() < min || tokens.len() > shape.len() {
+        // Spelled out only when needed: parsing is on every answer's hot path.
+        let spelled: String = shape
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let name = match t {
+                    Token::Ident(n) | Token::Name(n) => *n,
+                };
+                if i >= min { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
+            })
+            .collect();
         return Err(format!(
-            "{what} keys are {}: {} token{}",
-            spelled.concat(),
+            "{what} keys are {spelled}: {} token{}",
             tokens.len(),
             if tokens.len() == 1 { "" } else { "s" }
         ));

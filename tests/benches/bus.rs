@@ -62,11 +62,10 @@ fn rss_kib(pid: u32) -> u64 {
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
     let js = bus.js(&format!("node-{node}")).await;
-    let mut raw = 0u64;
     let keys: Vec<String> = (from..to).flat_map(|m| (0..10).map(move |k| format!("{node}.m{m:06}.config.name{k}"))).collect();
+    let raw: u64 = keys.iter().map(|k| (k.len() + VALUE.len()) as u64).sum();
     let mut acks = futures::stream::iter(keys.into_iter().map(|key| {
         let js = js.clone();
-        raw += (key.len() + VALUE.len()) as u64;
         async move {
             let subject = format!("$KV.{NEEDS}.{key}");
             loop {
@@ -82,6 +81,7 @@ async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
     }))
     .buffer_unordered(512);
     while acks.next().await.is_some() {}
+    drop(acks);
     raw
 }
 
@@ -117,22 +117,26 @@ async fn measure(label: &str, c: &Client, query: &[u8]) {
     let et = throughput(c, "bench.echo", query, 32, d).await;
     let vt = throughput(c, "mesh-provisioner.provisioning", query, 32, d).await;
     println!("{label}: 32 requesters: echo {et:.0} req/s, verb {vt:.0} req/s ({:.2}× echo)", vt / et);
+    let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap_or_default();
+    println!(
+        "{label}: host time per request, receipt to reply sent ($SRV.STATS average): {:.0} µs",
+        stats["endpoints"][0]["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
+    );
 }
 
 #[tokio::main]
 async fn main() {
     let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let release = tests::target_dir().join("release/mesh-provisioner");
-    if release.exists() && std::env::var_os("MESH_PROVISIONER_BIN").is_none() {
-        std::env::set_var("MESH_PROVISIONER_BIN", &release);
-    }
-    println!("host binary: {}", tests::nats::host_binary().display());
+    tests::nats::prefer_release_binary();
     let bus = Bus::start().await;
     let host = Host::start(&bus, &[]).await;
     let pid = host.child.id().expect("host pid");
     let c = bus.client("mesh-provisioner").await;
-    let mut echo = c.subscribe("bench.echo").await.expect("subscribe");
-    let responder = c.clone();
+    // The echo responder has a connection of its own, as the host does.
+    let responder = bus.client("mesh-provisioner").await;
+    let mut echo = responder.subscribe("bench.echo").await.expect("subscribe");
+    responder.flush().await.expect("flush");
     tokio::spawn(async move {
         while let Some(m) = echo.next().await {
             if let Some(r) = m.reply {

@@ -121,6 +121,15 @@ impl Cluster {
     }
 }
 
+/// For benchmarks: use the release host binary when one is built.
+pub fn prefer_release_binary() {
+    let release = crate::target_dir().join("release/mesh-provisioner");
+    if release.exists() && std::env::var_os("MESH_PROVISIONER_BIN").is_none() {
+        std::env::set_var("MESH_PROVISIONER_BIN", &release);
+    }
+    println!("host binary: {}", host_binary().display());
+}
+
 /// The built host binary (scripts/test builds it), or `MESH_PROVISIONER_BIN`.
 pub fn host_binary() -> PathBuf {
     let path = std::env::var_os("MESH_PROVISIONER_BIN")

@@ -25,7 +25,7 @@ use bindings::{api, Imports, Provisioner, ProvisionerPre};
 
 pub use bindings::MAX_REQUEST_TIMEOUT;
 
-/// How often the epoch advances; deadlines are counted in these ticks.
+/// How often the epoch advances: a long call yields this often and is checked against its deadline.
 pub const TICK: Duration = Duration::from_millis(5);
 
 /// Per-call limits.
@@ -73,6 +73,8 @@ pub struct Ctx {
     backend: Arc<dyn Backend>,
     /// Calls this instance has served.
     calls: u32,
+    /// When the current call must have finished.
+    deadline: std::time::Instant,
 }
 
 /// The store's memory limit, which remembers being hit so the error can say so.
@@ -296,11 +298,21 @@ impl Guest {
                     limits: Limiter { memory: limits.memory, hit: false },
                     backend,
                     calls: 0,
+                    deadline: std::time::Instant::now() + limits.deadline,
                 };
                 let mut store = Store::new(&self.runtime.engine, ctx);
                 store.limiter(|c| &mut c.limits);
-                store.epoch_deadline_trap();
-                store.set_epoch_deadline(deadline_ticks(&limits));
+                // Every tick a long call yields to the executor (so it never holds a thread
+                // that the seat's renewals need) until its deadline, when it is interrupted.
+                store.epoch_deadline_callback(|ctx| {
+                    Ok(if std::time::Instant::now() >= ctx.data().deadline {
+                        wasmtime::UpdateDeadline::Interrupt
+                    } else {
+                        wasmtime::UpdateDeadline::Yield(1)
+                    })
+                });
+                store.data_mut().deadline = std::time::Instant::now() + limits.deadline;
+                store.set_epoch_deadline(1);
                 let api = match self.pre.instantiate_async(&mut store).await {
                     Ok(api) => api,
                     Err(e) => return Err(call_err(&limits, store.data().limits.hit, e)),
@@ -308,7 +320,8 @@ impl Guest {
                 Instance { store, api, memory: limits.memory }
             }
         };
-        instance.store.set_epoch_deadline(deadline_ticks(&limits));
+        instance.store.data_mut().deadline = std::time::Instant::now() + limits.deadline;
+        instance.store.set_epoch_deadline(1);
         Ok(instance)
     }
 
@@ -379,10 +392,6 @@ impl Guest {
         };
         Ok(Reply { code, body: r.body })
     }
-}
-
-fn deadline_ticks(limits: &Limits) -> u64 {
-    (limits.deadline.as_nanos() / TICK.as_nanos()).max(1) as u64 + 1
 }
 
 /// Names what stopped a call: the deadline, the memory limit, or another trap.
