@@ -12,16 +12,36 @@ pub fn at_start() {
     hoard();
 }
 
-/// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand.
+/// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand, and
+/// `{"fixture":"probe"}` answers with what the sandbox lets it see. `Some` is a reply body.
 #[inline(always)]
-pub fn on_request(_request: &[u8]) {
+pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
     #[cfg(feature = "fixture-misbehave")]
     match _request {
         br#"{"fixture":"trap"}"# => core::arch::wasm32::unreachable(),
         br#"{"fixture":"loop"}"# => spin(),
         br#"{"fixture":"alloc"}"# => hoard(),
+        br#"{"fixture":"probe"}"# => return Some(probe()),
         _ => {}
     }
+    None
+}
+
+/// What a guest can reach of the world outside its imports.
+#[cfg(feature = "fixture-misbehave")]
+fn probe() -> Vec<u8> {
+    serde_json::json!({
+        "env": std::env::vars().count(),
+        "args": std::env::args().count(),
+        "read_root": std::fs::read_dir("/").is_ok(),
+        "read_dot": std::fs::read_dir(".").is_ok(),
+        "read_file": std::fs::read("/etc/hostname").is_ok(),
+        "write_file": std::fs::write("probe.txt", b"x").is_ok(),
+        "tcp": std::net::TcpStream::connect("127.0.0.1:4222").is_ok(),
+        "dns": std::net::ToSocketAddrs::to_socket_addrs("localhost:4222").is_ok(),
+    })
+    .to_string()
+    .into_bytes()
 }
 
 #[allow(dead_code)]

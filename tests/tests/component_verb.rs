@@ -297,3 +297,17 @@ async fn refuses_an_unknown_verb() {
     assert_eq!(reply.code, ReplyCode::BadRequest);
     assert!(String::from_utf8_lossy(&reply.body).contains("unknown verb"));
 }
+
+#[tokio::test]
+async fn the_guest_sees_no_environment_files_or_network() {
+    let runtime = mesh_provisioner::runtime::Runtime::new().unwrap();
+    let bytes = std::fs::read(tests::fixture("misbehave")).unwrap();
+    let guest = runtime.load(&bytes, None).unwrap();
+    let reply = guest.handle(mesh(), Default::default(), "mesh-provisioner.provisioning", br#"{"fixture":"probe"}"#, 1 << 20).await.unwrap();
+    let seen: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(
+        seen,
+        json!({"env":0,"args":0,"read_root":false,"read_dot":false,"read_file":false,"write_file":false,"tcp":false,"dns":false}),
+        "the sandbox let the guest see something"
+    );
+}
