@@ -10,9 +10,13 @@ use serde_json::Value;
 
 pub mod nats;
 
-/// The workspace's root.
+/// The workspace's root. Read at run time (cargo sets it for tests and benches): a target
+/// directory shared between clones at other paths may hold a binary built in another clone.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("..")
 }
 
 /// Where cargo puts build output (honours `CARGO_TARGET_DIR`).
