@@ -137,11 +137,6 @@ pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
     })
 }
 
-/// The bucket a provider's bound values live in.
-pub fn bound_bucket(provider: &str) -> String {
-    format!("{provider}_bound")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,10 +139,6 @@ impl Server {
         }
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
     /// Stops the server and waits for it.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;

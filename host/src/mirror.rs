@@ -84,12 +84,6 @@ impl Mirror {
         s.entries.remove(key);
     }
 
-    /// Notes that the bucket's revision reached `revision` without a change to any key kept here.
-    pub fn advance(&self, revision: u64) {
-        let mut s = self.write();
-        s.revision = s.revision.max(revision);
-    }
-
     /// Marks the mirror as in sync (history replayed) or not (watch lost).
     pub fn set_ready(&self, ready: bool) {
         self.write().ready = ready;
@@ -116,11 +110,6 @@ impl Mirror {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Bytes of keys and values held (what a benchmark compares resident memory against).
-    pub fn raw_bytes(&self) -> usize {
-        self.read().entries.iter().map(|(k, v)| k.len() + v.value.len()).sum()
     }
 
     /// How many keys scans have looked at so far.

@@ -54,10 +54,6 @@ impl NatsBackend {
         }))
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.js
     }
@@ -71,12 +67,6 @@ impl NatsBackend {
     /// it wait (bounded) and then fail: never a stale answer presented as complete.
     pub fn resync(&self) {
         self.resync.send_modify(|g| *g += 1);
-    }
-
-    /// The mirrors started so far.
-    pub fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
-        let m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
-        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     async fn mirror_of(&self, bucket: &str) -> Result<Arc<Mirror>> {

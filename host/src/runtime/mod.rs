@@ -338,11 +338,6 @@ impl Guest {
         }
     }
 
-    /// Instances kept warm right now.
-    pub fn kept(&self) -> usize {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
     pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
         let mut inst = self.checkout(backend, limits).await?;
         let i = match inst.api.mesh_provisioner_api().call_info(&mut inst.store).await {
