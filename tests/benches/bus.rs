@@ -103,7 +103,10 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
 async fn measure(label: &str, c: &Client, query: &[u8]) {
     let n = 3000;
     let _ = latencies(c, "bench.echo", query, 200).await;
+    let _ = latencies(c, "bench.echo-process", query, 200).await;
     let _ = latencies(c, "mesh-provisioner.provisioning", query, 200).await;
+    let mut other = latencies(c, "bench.echo-process", query, n).await;
+    let (o50, o99) = (pct(&mut other, 0.5), pct(&mut other, 0.99));
     let mut echo = latencies(c, "bench.echo", query, n).await;
     let mut verb = latencies(c, "mesh-provisioner.provisioning", query, n).await;
     let (e50, e99, v50, v99) = (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut verb, 0.5), pct(&mut verb, 0.99));
@@ -112,6 +115,12 @@ async fn measure(label: &str, c: &Client, query: &[u8]) {
         e50.as_secs_f64() * 1e6, e99.as_secs_f64() * 1e6,
         v50.as_secs_f64() * 1e6, v50.as_secs_f64() / e50.as_secs_f64(),
         v99.as_secs_f64() * 1e6, v99.as_secs_f64() / e99.as_secs_f64()
+    );
+    let mut verb = latencies(c, "mesh-provisioner.provisioning", query, n).await;
+    let v50 = pct(&mut verb, 0.5);
+    println!(
+        "{label}: echo in a process of its own p50 {:.0} µs p99 {:.0} µs | verb p50 {:.2}× that echo",
+        o50.as_secs_f64() * 1e6, o99.as_secs_f64() * 1e6, v50.as_secs_f64() / o50.as_secs_f64()
     );
     let d = Duration::from_secs(3);
     let et = throughput(c, "bench.echo", query, 32, d).await;
@@ -144,6 +153,19 @@ async fn main() {
             }
         }
     });
+    let bin = std::env::current_exe().ok().and_then(|p| p.parent()?.parent().map(|d| d.join("echo"))).filter(|p| p.exists()).expect("the echo binary (cargo bench builds it)");
+    let mut echo_process = tokio::process::Command::new(bin)
+        .args([bus.url(), "mesh-provisioner", &bus.password("mesh-provisioner"), "bench.echo-process"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the echo process");
+    {
+        use tokio::io::AsyncBufReadExt;
+        let out = echo_process.stdout.take().expect("echo stdout");
+        let mut line = String::new();
+        tokio::io::BufReader::new(out).read_line(&mut line).await.expect("echo says ready");
+    }
     let query = br#"{"what":"needs","node":"alpha","module":"m000420"}"#;
 
     let rss0 = rss_kib(pid);
