@@ -40,9 +40,9 @@ impl NatsBackend {
     /// Opens (or creates) the provisioner's buckets with `replicas` replicas.
     pub async fn open(client: Client, replicas: usize) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
-        let registry = open_bucket(&js, REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas).await?;
+        let registry = open_bucket(&js, bucket_config(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas)).await?;
         for b in CLIENT_BUCKETS {
-            open_bucket(&js, b, "written by each node's provisioner client", 1, replicas).await?;
+            open_bucket(&js, bucket_config(b, "written by each node's provisioner client", 1, replicas)).await?;
         }
         Ok(Arc::new(NatsBackend {
             client,
@@ -120,14 +120,22 @@ impl NatsBackend {
     }
 }
 
-/// Opens or creates a bucket, retrying for a while: a cluster's JetStream may still be electing.
-async fn open_bucket(js: &jetstream::Context, bucket: &str, description: &str, history: i64, replicas: usize) -> Result<kv::Store> {
+/// Opens `config.bucket`, or creates it with `config`, retrying for a while: a cluster's
+/// JetStream may still be electing.
+pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store> {
     let start = Instant::now();
     loop {
-        match open_bucket_once(js, bucket, description, history, replicas).await {
+        let opened = match js.get_key_value(config.bucket.as_str()).await {
+            Ok(kv) => Ok(kv),
+            Err(_) => js
+                .create_key_value(config.clone())
+                .await
+                .map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", config.bucket))),
+        };
+        match opened {
             Ok(kv) => return Ok(kv),
             Err(e) if start.elapsed() < Duration::from_secs(60) => {
-                tracing::info!(bucket, "bucket not ready yet: {e}");
+                tracing::info!(bucket = config.bucket, "bucket not ready yet: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e),
@@ -135,19 +143,9 @@ async fn open_bucket(js: &jetstream::Context, bucket: &str, description: &str, h
     }
 }
 
-async fn open_bucket_once(js: &jetstream::Context, bucket: &str, description: &str, history: i64, replicas: usize) -> Result<kv::Store> {
-    if let Ok(kv) = js.get_key_value(bucket).await {
-        return Ok(kv);
-    }
-    js.create_key_value(kv::Config {
-        bucket: bucket.to_string(),
-        description: description.to_string(),
-        history,
-        num_replicas: replicas,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
+/// A bucket's settings: `history` values kept per key, `replicas` copies.
+fn bucket_config(bucket: &str, description: &str, history: i64, replicas: usize) -> kv::Config {
+    kv::Config { bucket: bucket.to_string(), description: description.to_string(), history, num_replicas: replicas, ..Default::default() }
 }
 
 /// Keeps `mirror` equal to `bucket`, resyncing from scratch whenever the watch ends.
@@ -250,9 +248,11 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
+            // The delete's revision is not returned; only the holder writes the registry, so it
+            // is the first one after what the mirror shows now.
+            let before = self.mirror_of(REGISTRY_BUCKET).await?.revision();
             self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err)?;
-            let target = self.mirror_of(REGISTRY_BUCKET).await?.revision() + 1;
-            self.settle(target).await;
+            self.settle(before + 1).await;
             Ok(())
         })
     }

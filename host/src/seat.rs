@@ -14,15 +14,10 @@ use async_nats::jetstream::{self, kv};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 
 pub const SEAT_BUCKET: &str = "mesh-provisioner_seat";
 pub const HOLDER: &str = "holder";
-
-/// Why a lease operation failed, by kind.
-fn lease_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::new(ErrorKind::Unavailable, format!("seat {what}: {e}"))
-}
 
 pub struct Seat {
     kv: kv::Store,
@@ -38,31 +33,18 @@ pub struct Seat {
 impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
-        let start = Instant::now();
-        let kv = loop {
-            let opened = match js.get_key_value(SEAT_BUCKET).await {
-                Ok(kv) => Ok(kv),
-                Err(_) => js
-                    .create_key_value(kv::Config {
-                        bucket: SEAT_BUCKET.into(),
-                        description: "mesh-provisioner: who holds the seat".into(),
-                        history: 1,
-                        max_age: ttl,
-                        num_replicas: replicas,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| lease_err("bucket", e)),
-            };
-            match opened {
-                Ok(kv) => break kv,
-                Err(e) if start.elapsed() < Duration::from_secs(60) => {
-                    tracing::info!("seat bucket not ready yet: {e}");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let kv = crate::nats::open_bucket(
+            js,
+            kv::Config {
+                bucket: SEAT_BUCKET.into(),
+                description: "mesh-provisioner: who holds the seat".into(),
+                history: 1,
+                max_age: ttl,
+                num_replicas: replicas,
+                ..Default::default()
+            },
+        )
+        .await?;
         Ok(Arc::new(Seat { kv, instance, ttl, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0 }))
     }
 

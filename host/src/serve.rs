@@ -21,6 +21,9 @@ use crate::seat::Seat;
 const RECONCILE_DEADLINE: Duration = Duration::from_secs(30);
 
 pub async fn run(args: Serve) -> Result<()> {
+    if args.seat_ttl < Duration::from_millis(500) {
+        return Err(Error::new(ErrorKind::Config, "--seat-ttl must be at least 500ms"));
+    }
     let limits = Limits { deadline: args.guest_deadline, memory: (args.guest_memory as usize) << 20 };
     let state = &args.connect.state_dir;
     std::fs::create_dir_all(state).map_err(|e| Error::new(ErrorKind::Config, format!("state directory {}: {e}", state.display())))?;
@@ -28,9 +31,6 @@ pub async fn run(args: Serve) -> Result<()> {
     let runtime = Runtime::new()?;
     let current = Current::new(load(&runtime, &args.component, state, limits).await?);
 
-    if args.seat_ttl < Duration::from_millis(500) {
-        return Err(Error::new(ErrorKind::Config, "--seat-ttl must be at least 500ms"));
-    }
     let mut embedded: Option<Server> = None;
     // Every (re)connection to the bus after the first bumps this.
     let (events_tx, events) = watch::channel(0u64);

@@ -311,7 +311,6 @@ impl Guest {
                         wasmtime::UpdateDeadline::Yield(1)
                     })
                 });
-                store.data_mut().deadline = std::time::Instant::now() + limits.deadline;
                 store.set_epoch_deadline(1);
                 let api = match self.pre.instantiate_async(&mut store).await {
                     Ok(api) => api,
