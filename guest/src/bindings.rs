@@ -6,7 +6,7 @@ use crate::env::{Entry, Env, HostError, Level, Page};
 wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
 
 use exports::mesh::provisioner::api;
-use mesh::provisioner::{bus, log, registry_writer, store, types};
+use mesh::provisioner::{bus, kept_plans, log, registry_writer, store, types};
 
 /// The component's imports, as the logic sees them.
 struct Imports;
@@ -19,6 +19,7 @@ fn host_error(e: types::HostError) -> HostError {
         types::HostError::Invalid(m) => HostError::Invalid(m),
         types::HostError::Timeout(m) => HostError::Timeout(m),
         types::HostError::NoResponders(m) => HostError::NoResponders(m),
+        types::HostError::Corrupt(m) => HostError::Corrupt(m),
     }
 }
 
@@ -30,6 +31,7 @@ fn wit_error(e: HostError) -> types::HostError {
         HostError::Invalid(m) => types::HostError::Invalid(m),
         HostError::Timeout(m) => types::HostError::Timeout(m),
         HostError::NoResponders(m) => types::HostError::NoResponders(m),
+        HostError::Corrupt(m) => types::HostError::Corrupt(m),
     }
 }
 
@@ -68,6 +70,14 @@ impl Env for Imports {
             Level::Error => log::Level::Error,
         };
         log::log(level, message);
+    }
+
+    fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError> {
+        kept_plans::load(node, module).map_err(host_error)
+    }
+
+    fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
+        kept_plans::save(node, module, plan).map_err(host_error)
     }
 }
 
@@ -108,6 +118,16 @@ impl api::Guest for Component {
             crate::verb::Code::Internal => api::ReplyCode::Internal,
         };
         api::Reply { code, body: r.body }
+    }
+
+    fn plan_inputs() -> Vec<String> {
+        crate::refresh::inputs()
+    }
+
+    fn refresh(changes: Vec<api::Change>) -> Result<api::RefreshReport, types::HostError> {
+        let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
+        let r = crate::refresh::refresh(&Imports, &changes).map_err(wit_error)?;
+        Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting })
     }
 }
 

@@ -30,6 +30,7 @@ pub enum HostError {
     Invalid(String),
     Timeout(String),
     NoResponders(String),
+    Corrupt(String),
 }
 
 impl fmt::Display for HostError {
@@ -41,6 +42,7 @@ impl fmt::Display for HostError {
             HostError::Invalid(m) => write!(f, "invalid: {m}"),
             HostError::Timeout(m) => write!(f, "timeout: {m}"),
             HostError::NoResponders(m) => write!(f, "no responders: {m}"),
+            HostError::Corrupt(m) => write!(f, "corrupt: {m}"),
         }
     }
 }
@@ -62,4 +64,8 @@ pub trait Env {
     fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError>;
     fn request(&self, subject: &str, body: &[u8], timeout_ms: u32) -> Result<Vec<u8>, HostError>;
     fn log(&self, level: Level, message: &str);
+    /// The plan kept for `module` on `node`, as last saved.
+    fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError>;
+    /// Keeps `plan` for `module` on `node`.
+    fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError>;
 }

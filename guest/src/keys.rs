@@ -9,6 +9,22 @@ pub const REGISTRY: &str = "mesh-provisioner_registry";
 pub const NEEDS: &str = "mesh-provisioner_needs";
 pub const APPLIED: &str = "mesh-provisioner_applied";
 pub const COLLECT: &str = "mesh-provisioner_collect";
+/// The controller's assignments: key `<node>.<module>`, value with the module's `want`.
+pub const ASSIGNMENTS: &str = "mesh-controller_assignments";
+/// The indexer's builds: key `<module>`, value with the module's `newest` build.
+pub const BUILDS: &str = "mesh-indexer_builds";
+/// The node engine's compositions are in `composed-<node>`, key `<module>.<build>`.
+pub const COMPOSED_PREFIX: &str = "composed-";
+
+/// The composition bucket of `node`.
+pub fn composed(node: &str) -> String {
+    format!("{COMPOSED_PREFIX}{node}")
+}
+
+/// The node whose compositions `bucket` holds, if it is a composition bucket.
+pub fn composed_node(bucket: &str) -> Option<&str> {
+    bucket.strip_prefix(COMPOSED_PREFIX).filter(|n| crate::escape::is_identifier(n))
+}
 
 /// A key of `mesh-provisioner_needs`: `<node>.<module>.<kind>.<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +40,13 @@ pub struct NeedKey {
 pub struct AppliedKey {
     pub node: String,
     pub module: String,
+}
+
+/// A key of `composed-<node>`: `<module>.<build>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposedKey {
+    pub module: String,
+    pub build: String,
 }
 
 /// A key of `mesh-provisioner_collect`: `<node>.<collection>.<contributor>`.
@@ -113,6 +136,27 @@ pub fn parse_applied(key: &str) -> Result<AppliedKey, String> {
     Ok(AppliedKey { node: next(), module: next() })
 }
 
+/// An assignment key has the applied shape, `<node>.<module>`.
+pub fn parse_assignment(key: &str) -> Result<AppliedKey, String> {
+    let shape = [Token::Ident("node"), Token::Ident("module")];
+    let mut t = split(key, "assignment", &shape, 0)?.into_iter();
+    let mut next = || t.next().unwrap_or_default();
+    Ok(AppliedKey { node: next(), module: next() })
+}
+
+pub fn parse_composed(key: &str) -> Result<ComposedKey, String> {
+    let shape = [Token::Ident("module"), Token::Ident("build")];
+    let mut t = split(key, "composed", &shape, 0)?.into_iter();
+    let mut next = || t.next().unwrap_or_default();
+    Ok(ComposedKey { module: next(), build: next() })
+}
+
+/// A builds key is one module.
+pub fn parse_builds(key: &str) -> Result<String, String> {
+    let mut t = split(key, "builds", &[Token::Ident("module")], 0)?;
+    Ok(t.remove(0))
+}
+
 pub fn parse_collect(key: &str) -> Result<CollectKey, String> {
     let shape = [Token::Ident("node"), Token::Name("collection"), Token::Ident("contributor")];
     let mut t = split(key, "collect", &shape, 0)?.into_iter();
@@ -152,6 +196,12 @@ mod tests {
         assert_eq!(parse_bound("a.m.db").unwrap().local, None);
         assert_eq!(parse_bound("a.m.db.ro").unwrap().local.as_deref(), Some("ro"));
         assert_eq!(parse_registry("config").unwrap(), "config");
+        assert_eq!(parse_composed("app.b7").unwrap(), ComposedKey { module: "app".into(), build: "b7".into() });
+        assert_eq!(parse_builds("app").unwrap(), "app");
+        assert_eq!(parse_assignment("alpha.app").unwrap().node, "alpha");
+        assert_eq!(composed_node("composed-alpha"), Some("alpha"));
+        assert_eq!(composed_node("composed-"), None);
+        assert_eq!(composed_node("mesh-config_values"), None);
     }
 
     #[test]
@@ -167,5 +217,7 @@ mod tests {
         assert!(parse_applied("alpha.a=3Db").unwrap_err().contains("not an identifier"));
         assert!(parse_bound("a.m").unwrap_err().contains("<node>.<module>.<provision>[.<local>]"));
         assert!(parse_registry("a.b").unwrap_err().contains("2 tokens"));
+        assert!(parse_composed("app.b=2E7").unwrap_err().contains("(<build>)"));
+        assert!(parse_builds("app.b7").unwrap_err().contains("builds keys are <module>"));
     }
 }

@@ -9,7 +9,10 @@
 pub mod env;
 pub mod escape;
 pub mod keys;
+pub mod plan;
+pub mod provision;
 pub mod reconcile;
+pub mod refresh;
 pub mod registry;
 pub mod request;
 pub mod value;

@@ -176,6 +176,24 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
     Ok(q)
 }
 
+/// A request of the verb `mesh-provisioner.plan`: `node` and `module`, both required, both
+/// identifiers, nothing else.
+pub fn parse_plan(body: &[u8]) -> Result<(String, String), String> {
+    let (mut node, mut module) = (None, None);
+    for (field, v) in fields(body)? {
+        match field.as_str() {
+            "node" => node = Some(identifier_field(&field, &v)?),
+            "module" => module = Some(identifier_field(&field, &v)?),
+            other => return Err(format!("unknown field {:?}; a plan is asked by node and module", shorten(other))),
+        }
+    }
+    match (node, module) {
+        (Some(n), Some(m)) => Ok((n, m)),
+        (None, _) => Err("field `node` is required".into()),
+        (_, None) => Err("field `module` is required".into()),
+    }
+}
+
 /// `limit` is a whole number from 1; above [`MAX_LIMIT`] it is clamped.
 fn limit(v: &Value) -> Result<u32, String> {
     match v.as_u64() {
@@ -223,6 +241,17 @@ mod tests {
     fn refuses_a_field_given_twice() {
         let e = parse(br#"{"what":"needs","node":"alpha","node":"*"}"#).unwrap_err();
         assert!(e.contains("given twice"), "{e}");
+    }
+
+    #[test]
+    fn asks_a_plan_by_node_and_module_only() {
+        assert_eq!(parse_plan(br#"{"node":"alpha","module":"app"}"#).unwrap(), ("alpha".into(), "app".into()));
+        assert!(parse_plan(br#"{"node":"alpha"}"#).unwrap_err().contains("`module` is required"));
+        assert!(parse_plan(b"").unwrap_err().contains("`node` is required"));
+        assert!(parse_plan(br#"{"node":"*","module":"app"}"#).unwrap_err().contains("field `node`"));
+        assert!(parse_plan(br#"{"node":"alpha","module":"app","what":"needs"}"#).unwrap_err().contains("unknown field"));
+        assert!(parse_plan(br#"{"node":"alpha","module":"app","module":"web"}"#).unwrap_err().contains("given twice"));
+        assert!(parse_plan(br#"["alpha","app"]"#).unwrap_err().contains("one JSON object"));
     }
 
     #[test]

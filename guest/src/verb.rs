@@ -12,6 +12,7 @@ use crate::request::{self, Query, What};
 use crate::value::{push_str, push_value};
 
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
+pub const PLAN: &str = "mesh-provisioner.plan";
 
 /// A reply's code (the WIT `reply-code`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,10 @@ pub fn handle(env: &dyn Env, verb: &str, body: &[u8], max_reply: u32) -> Reply {
         PROVISIONING => match request::parse(body) {
             Err(why) => Reply::error(Code::BadRequest, &why),
             Ok(q) => provisioning(env, &q, max_reply.max(MIN_REPLY) as usize).unwrap_or_else(Reply::from_host),
+        },
+        PLAN => match request::parse_plan(body) {
+            Err(why) => Reply::error(Code::BadRequest, &why),
+            Ok((node, module)) => plan(env, &node, &module, max_reply.max(MIN_REPLY) as usize).unwrap_or_else(Reply::from_host),
         },
         other => Reply::error(Code::BadRequest, &format!("unknown verb {:?}", crate::escape::shorten(other))),
     }
@@ -156,6 +161,17 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
         more = true;
     }
     Ok(render(q.what, page.revision, &found, more, budget))
+}
+
+/// The plan of `module` on `node`, whole: a plan is not paged, so one too large for a reply is
+/// an error that says so.
+fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply, HostError> {
+    let body = crate::plan::compute(env, node, module)?.to_json().to_string().into_bytes();
+    if body.len() > budget {
+        let why = format!("the plan of {module} on {node} is {} bytes, more than a reply may hold ({budget})", body.len());
+        return Ok(Reply::error(Code::Internal, &why));
+    }
+    Ok(Reply { code: Code::Ok, body })
 }
 
 /// One rendered line of the answer.

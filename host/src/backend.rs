@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::kept::KeptPlans;
 use crate::mirror::Mirror;
 
 /// The bucket the registry writer addresses; the only bucket the guest can write.
@@ -24,6 +25,8 @@ pub trait Backend: Send + Sync + 'static {
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>>;
     /// A request on the bus.
     fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>>;
+    /// Where the guest's plans are kept.
+    fn kept(&self) -> &KeptPlans;
 }
 
 /// Bucket names as JetStream accepts them, checked before anything is asked.
@@ -41,16 +44,22 @@ pub fn check_bucket(bucket: &str) -> Result<()> {
 type Responder = Box<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
 
 /// Buckets and responders in memory. Revisions count per bucket, as in a JetStream stream.
-#[derive(Default)]
 pub struct MemoryBackend {
     mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
     responders: Mutex<HashMap<String, Responder>>,
     writes: Mutex<u64>,
+    kept: KeptPlans,
 }
 
 impl MemoryBackend {
+    /// Plans kept in memory.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+        Self::with_kept(KeptPlans::memory())
+    }
+
+    /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
+    pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
+        Arc::new(MemoryBackend { mirrors: Mutex::default(), responders: Mutex::default(), writes: Mutex::default(), kept })
     }
 
     /// The bucket's mirror, created empty and ready if missing.
@@ -134,5 +143,9 @@ impl Backend for MemoryBackend {
                 None => Err(Error::new(ErrorKind::NoResponders, format!("no responders on {subject}"))),
             }
         })
+    }
+
+    fn kept(&self) -> &KeptPlans {
+        &self.kept
     }
 }

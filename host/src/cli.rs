@@ -106,6 +106,8 @@ pub enum What {
     Needs,
     Applied,
     Collect,
+    /// A module's plan and provisions (`--node` and `--module`), from `mesh-provisioner.plan`.
+    Plan,
 }
 
 #[derive(Args, Debug)]

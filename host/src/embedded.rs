@@ -16,8 +16,10 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SERVER_CONF: &str = include_str!("../../deploy/nats-server.conf");
 
 /// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
-pub const USERS: [(&str, &str); 6] = [
+pub const USERS: [(&str, &str); 8] = [
     ("PROVISIONER", "mesh-provisioner"),
+    ("MESH_CONTROLLER", "mesh-controller"),
+    ("MESH_INDEXER", "mesh-indexer"),
     ("NODE_ALPHA", "node-alpha"),
     ("NODE_BETA", "node-beta"),
     ("NODE_GAMMA", "node-gamma"),
@@ -101,10 +103,13 @@ impl Server {
         };
         let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
         std::fs::create_dir_all(dir).map_err(|e| io("creating the state directory", e))?;
-        let passwords = match passwords {
-            Some(p) => p,
-            None => USERS.iter().map(|(_, u)| Ok((u.to_string(), random_password()?))).collect::<Result<_>>()?,
-        };
+        // Users the kept passwords do not name (added to the config since) get new ones.
+        let mut passwords = passwords.unwrap_or_default();
+        for (_, user) in USERS {
+            if !passwords.iter().any(|(u, _)| u == user) {
+                passwords.push((user.to_string(), random_password()?));
+            }
+        }
         let conf_path = dir.join("nats-server.conf");
         let conf = render(port, &dir.join("jetstream"), &passwords, cluster);
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;

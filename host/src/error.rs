@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Guest,
     /// A file or setting of the operator's is wrong.
     Config,
+    /// Stored data could not be read back as written (a damaged kept-plan file).
+    Corrupt,
 }
 
 /// A host failure: a kind and what happened.

@@ -6,6 +6,7 @@
 //! live in the guest only.
 
 pub mod backend;
+pub mod changes;
 pub mod check;
 pub mod cli;
 pub mod connect;
@@ -13,9 +14,11 @@ pub mod current;
 pub mod demo;
 pub mod embedded;
 pub mod error;
+pub mod kept;
 pub mod logging;
 pub mod mirror;
 pub mod nats;
+pub mod plans;
 pub mod query;
 pub mod reload;
 pub mod runtime;

@@ -1,7 +1,9 @@
 //! The real backend: NATS JetStream, as the provisioner's own account.
 //!
 //! Buckets the guest reads are mirrored on first use (a watch with history, replayed before the
-//! mirror says it is in sync, resynced from scratch if the watch ends); the registry writer is
+//! mirror says it is in sync, resynced from scratch if the watch ends). A bucket that does not
+//! exist yet (a node whose engine has composed nothing) is an empty mirror, in sync, watched for
+//! its creation. Every change a mirror sees is offered to [`Changes`]; the registry writer is
 //! KV create/update/delete on the expected revision; the bus import is a timed request. Every
 //! async-nats failure becomes a host [`Error`] here, by its kind.
 
@@ -15,7 +17,9 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 
 use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
+use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
+use crate::kept::KeptPlans;
 use crate::mirror::Mirror;
 use crate::seat::Seat;
 
@@ -24,6 +28,10 @@ pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provision
 
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a bucket that does not exist yet is looked for.
+const MISSING_POLL: Duration = Duration::from_secs(1);
+/// Most buckets mirrored at once: the guest names buckets, and each costs a watch.
+pub const MAX_MIRRORS: usize = 4096;
 
 pub struct NatsBackend {
     client: Client,
@@ -34,11 +42,14 @@ pub struct NatsBackend {
     seat: OnceLock<Arc<Seat>>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
+    changes: Arc<Changes>,
+    kept: KeptPlans,
 }
 
 impl NatsBackend {
-    /// Opens (or creates) the provisioner's buckets with `replicas` replicas.
-    pub async fn open(client: Client, replicas: usize) -> Result<Arc<Self>> {
+    /// Opens (or creates) the provisioner's buckets with `replicas` replicas; plans are kept
+    /// by `kept`.
+    pub async fn open(client: Client, replicas: usize, kept: KeptPlans) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
         let registry = open_bucket(&js, bucket_config(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas)).await?;
         for b in CLIENT_BUCKETS {
@@ -51,7 +62,14 @@ impl NatsBackend {
             mirrors: Default::default(),
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
+            changes: Arc::new(Changes::new()),
+            kept,
         }))
+    }
+
+    /// The changes the mirrors have seen of the buckets plans depend on.
+    pub fn changes(&self) -> &Arc<Changes> {
+        &self.changes
     }
 
     pub fn jetstream(&self) -> &jetstream::Context {
@@ -75,17 +93,19 @@ impl NatsBackend {
             Some(m) => m,
             None => {
                 check_bucket(bucket)?;
-                // Fail fast on a bucket that does not exist rather than wait for a sync.
-                self.js.get_key_value(bucket).await.map_err(|e| {
-                    Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))
-                })?;
+                // Fail fast when the bus cannot be asked, rather than wait for a sync.
+                exists(&self.js, bucket).await?;
                 let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
                 match map.get(bucket) {
                     Some(m) => m.clone(),
+                    None if map.len() >= MAX_MIRRORS => {
+                        return Err(Error::new(ErrorKind::Invalid, format!("{MAX_MIRRORS} buckets are mirrored already; not {bucket}")));
+                    }
                     None => {
                         let m = Arc::new(Mirror::new());
                         map.insert(bucket.to_string(), m.clone());
-                        tokio::spawn(follow(self.js.clone(), bucket.to_string(), m.clone(), self.resync.subscribe()));
+                        let follower = Follower { js: self.js.clone(), bucket: bucket.to_string(), mirror: m.clone(), changes: self.changes.clone() };
+                        tokio::spawn(follower.run(self.resync.subscribe()));
                         m
                     }
                 }
@@ -148,52 +168,123 @@ fn bucket_config(bucket: &str, description: &str, history: i64, replicas: usize)
     kv::Config { bucket: bucket.to_string(), description: description.to_string(), history, num_replicas: replicas, ..Default::default() }
 }
 
-/// Keeps `mirror` equal to `bucket`, resyncing from scratch whenever the watch ends.
-async fn follow(js: jetstream::Context, bucket: String, mirror: Arc<Mirror>, mut resync: tokio::sync::watch::Receiver<u64>) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        resync.borrow_and_update();
-        let outcome = tokio::select! {
-            r = follow_once(&js, &bucket, &mirror) => r,
-            _ = resync.changed() => {
-                tracing::info!(bucket, "resyncing the mirror");
-                mirror.set_ready(false);
-                backoff = Duration::from_millis(50);
-                continue;
-            }
-        };
-        match outcome {
-            Ok(()) => tracing::warn!(bucket, "watch ended; resyncing the mirror"),
-            Err(e) => tracing::warn!(bucket, "mirror lost: {e}; resyncing"),
-        }
-        mirror.set_ready(false);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+/// Whether `bucket` exists; an error only when the bus cannot say.
+async fn exists(js: &jetstream::Context, bucket: &str) -> Result<bool> {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    match js.get_stream(format!("KV_{bucket}")).await {
+        Ok(_) => Ok(true),
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(false),
+            _ => Err(Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))),
+        },
     }
 }
 
-async fn follow_once(js: &jetstream::Context, bucket: &str, mirror: &Mirror) -> Result<()> {
-    let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
-    let kv = js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
-    let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
-    let mut watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
-    mirror.clear();
-    if status.values() == 0 {
-        mirror.set_ready(true);
-    }
-    let started = Instant::now();
-    while let Some(entry) = watch.next().await {
-        let entry = entry.map_err(|e| unavailable("watching", &e))?;
-        match entry.operation {
-            kv::Operation::Put => mirror.put(&entry.key, entry.revision, &entry.value),
-            kv::Operation::Delete | kv::Operation::Purge => mirror.delete(&entry.key, entry.revision),
+/// How one follow of a bucket ended.
+enum Followed {
+    /// The watch ended or failed: replay from scratch.
+    Lost(Result<()>),
+    /// The bucket does not exist (any more): the mirror is empty and in sync.
+    Missing,
+}
+
+/// Keeps one mirror equal to its bucket.
+struct Follower {
+    js: jetstream::Context,
+    bucket: String,
+    mirror: Arc<Mirror>,
+    changes: Arc<Changes>,
+}
+
+impl Follower {
+    /// Follows the bucket, resyncing from scratch whenever the watch ends, and looking again
+    /// every [`MISSING_POLL`] for a bucket that does not exist.
+    async fn run(self, mut resync: tokio::sync::watch::Receiver<u64>) {
+        let mut backoff = Duration::from_millis(50);
+        let mut was_missing = false;
+        loop {
+            resync.borrow_and_update();
+            let outcome = tokio::select! {
+                r = self.once(was_missing) => r,
+                _ = resync.changed() => {
+                    tracing::info!(bucket = self.bucket, "resyncing the mirror");
+                    self.mirror.set_ready(false);
+                    backoff = Duration::from_millis(50);
+                    was_missing = false;
+                    continue;
+                }
+            };
+            match outcome {
+                Followed::Missing => {
+                    was_missing = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(MISSING_POLL) => {},
+                        _ = resync.changed() => {},
+                    }
+                    continue;
+                }
+                Followed::Lost(Ok(())) => tracing::warn!(bucket = self.bucket, "watch ended; resyncing the mirror"),
+                Followed::Lost(Err(e)) => tracing::warn!(bucket = self.bucket, "mirror lost: {e}; resyncing"),
+            }
+            was_missing = false;
+            self.mirror.set_ready(false);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         }
-        if entry.delta == 0 && !mirror.is_ready() {
+    }
+
+    async fn once(&self, was_missing: bool) -> Followed {
+        let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
+        match exists(&self.js, bucket).await {
+            Ok(true) => {}
+            Ok(false) => {
+                if !(was_missing && mirror.is_ready()) {
+                    mirror.clear();
+                    mirror.set_ready(true);
+                    self.changes.record(bucket, None);
+                    tracing::debug!(bucket, "bucket does not exist yet: mirrored as empty");
+                }
+                return Followed::Missing;
+            }
+            Err(e) => return Followed::Lost(Err(e)),
+        }
+        let opened = async {
+            let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
+            let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
+            let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+            Ok::<_, Error>((status, watch))
+        };
+        let (status, mut watch) = match opened.await {
+            Ok(o) => o,
+            Err(e) => return Followed::Lost(Err(e)),
+        };
+        mirror.clear();
+        if status.values() == 0 {
             mirror.set_ready(true);
-            tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
+            self.changes.record(bucket, None);
         }
+        let started = Instant::now();
+        while let Some(entry) = watch.next().await {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
+            };
+            match entry.operation {
+                kv::Operation::Put => mirror.put(&entry.key, entry.revision, &entry.value),
+                kv::Operation::Delete | kv::Operation::Purge => mirror.delete(&entry.key, entry.revision),
+            }
+            if mirror.is_ready() {
+                self.changes.record(bucket, Some(&entry.key));
+            } else if entry.delta == 0 {
+                mirror.set_ready(true);
+                self.changes.record(bucket, None);
+                tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
+            }
+        }
+        Followed::Lost(Ok(()))
     }
-    Ok(())
 }
 
 fn create_err(e: kv::CreateError) -> Error {
@@ -264,5 +355,9 @@ impl Backend for NatsBackend {
             let msg = self.client.send_request(subject.to_string(), req).await.map_err(|e| request_err(subject, e))?;
             Ok(msg.payload.to_vec())
         })
+    }
+
+    fn kept(&self) -> &KeptPlans {
+        &self.kept
     }
 }

@@ -1,19 +1,21 @@
-//! `query`: asks the provisioning verb from a terminal and prints a table (out-of-shape keys
-//! shown, not hidden) or, with `--json`, the raw reply. An error reply exits non-zero.
+//! `query`: asks the provisioning verb (or, for `plan`, the plan verb) from a terminal and prints
+//! a table (out-of-shape keys shown, not hidden; every provision, unanswered and malformed ones
+//! included) or, with `--json`, the raw reply. An error reply exits non-zero. Requests are
+//! checked by the server, not here.
 
 use serde_json::{json, Value};
 
 use crate::cli::{Query, What};
 use crate::error::{Error, ErrorKind, Result};
-use crate::service::PROVISIONING;
+use crate::service::{PLAN, PROVISIONING};
 
 /// Asks once; the reply's JSON, or the error reply as an [`ErrorKind::Invalid`] error.
-pub async fn ask(client: &async_nats::Client, body: &Value, timeout: std::time::Duration) -> Result<Value> {
+pub async fn ask(client: &async_nats::Client, verb: &str, body: &Value, timeout: std::time::Duration) -> Result<Value> {
     let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(timeout));
     let msg = client
-        .send_request(PROVISIONING, req)
+        .send_request(verb.to_string(), req)
         .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {PROVISIONING}: {e}")))?;
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {verb}: {e}")))?;
     let v: Value = serde_json::from_slice(&msg.payload)
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))?;
     let status = msg.headers.as_ref().and_then(|h| h.get(crate::service::ERROR_CODE_HEADER)).map(|c| c.to_string());
@@ -31,12 +33,25 @@ pub async fn ask(client: &async_nats::Client, body: &Value, timeout: std::time::
     Ok(v)
 }
 
-fn request(q: &Query) -> Value {
+/// The verb to ask and the request body.
+fn request(q: &Query) -> (&'static str, Value) {
     let what = match q.what {
         What::Registry => "registry",
         What::Needs => "needs",
         What::Applied => "applied",
         What::Collect => "collect",
+        What::Plan => {
+            let mut body = json!({});
+            for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
+                if let Some(v) = value {
+                    body[field] = json!(v);
+                }
+            }
+            if let Some(l) = q.limit {
+                body["limit"] = json!(l);
+            }
+            return (PLAN, body);
+        }
     };
     let mut body = json!({ "what": what });
     for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
@@ -47,16 +62,18 @@ fn request(q: &Query) -> Value {
     if let Some(l) = q.limit {
         body["limit"] = json!(l);
     }
-    body
+    (PROVISIONING, body)
 }
 
 pub async fn run(q: Query) -> Result<()> {
     let client = crate::connect::connect_cli(&q.connect, "mesh-provisioner query").await?;
-    let mut body = request(&q);
+    let (verb, mut body) = request(&q);
     loop {
-        let reply = ask(&client, &body, q.timeout).await?;
+        let reply = ask(&client, verb, &body, q.timeout).await?;
         if q.json {
             println!("{reply}");
+        } else if verb == PLAN {
+            print!("{}", plan_table(&reply));
         } else {
             print!("{}", table(&reply));
         }
@@ -100,6 +117,48 @@ pub fn table(reply: &Value) -> String {
         let mut rows = vec![vec!["KEY".to_string(), "REV".into(), "REASON".into()]];
         for e in odd {
             rows.push(vec![e["key"].as_str().unwrap_or("").into(), e["revision"].to_string(), e["reason"].as_str().unwrap_or("").into()]);
+        }
+        out.push_str(&render(&rows));
+    }
+    out
+}
+
+/// A readable account of a plan: the module's state, then each build read with its provisions.
+pub fn plan_table(reply: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let mut out = format!("{} on {}: {}", text(&reply["module"]), text(&reply["node"]), text(&reply["state"]));
+    if let Some(r) = reply["reason"].as_str() {
+        out.push_str(&format!(" ({r})"));
+    }
+    out.push('\n');
+    let builds: Vec<String> = ["want", "have", "newest"]
+        .iter()
+        .filter_map(|f| reply[*f].as_str().map(|b| format!("{f} {b}")))
+        .collect();
+    out.push_str(&format!("builds: {}\n", if builds.is_empty() { "none known".into() } else { builds.join(", ") }));
+    for e in reply["entries"].as_array().into_iter().flatten() {
+        let roles: Vec<String> = e["as"].as_array().into_iter().flatten().map(text).collect();
+        out.push_str(&format!("\nat {} ({}): {}", e["build"].as_str().unwrap_or("?"), roles.join(", "), text(&e["state"])));
+        if let Some(b) = e["plan_build"].as_str() {
+            out.push_str(&format!(", plan of {b}"));
+        }
+        out.push('\n');
+        if let Some(r) = e["reason"].as_str() {
+            out.push_str(&format!("  {r}\n"));
+        }
+        let Some(provisions) = e["provisions"].as_array() else { continue };
+        let mut rows = vec![vec!["KIND".to_string(), "NAME".into(), "PART".into(), "DOMAIN".into(), "WHERE".into()]];
+        for p in provisions {
+            let place = if let Some(verb) = p["verb"].as_str() {
+                format!("verb {verb}")
+            } else if let Some(bucket) = p["bucket"].as_str() {
+                format!("{bucket} {}", p["key"].as_str().or(p["filter"].as_str()).unwrap_or(""))
+            } else if p["unanswered"] == true {
+                format!("unanswered: {}", text(&p["reason"]))
+            } else {
+                format!("malformed: {}", text(&p["reason"]))
+            };
+            rows.push(vec![text(&p["kind"]), text(&p["name"]), text(&p["part"]), text(&p["domain"]), place]);
         }
         out.push_str(&render(&rows));
     }

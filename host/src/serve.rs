@@ -74,7 +74,8 @@ pub async fn run(args: Serve) -> Result<()> {
         }
     };
 
-    let nats = NatsBackend::open(client.clone(), args.replicas as usize).await?;
+    let kept = crate::kept::KeptPlans::files(state.join("plans"));
+    let nats = NatsBackend::open(client.clone(), args.replicas as usize, kept).await?;
     let backend: Arc<dyn Backend> = nats.clone();
     let instance = match &args.instance {
         Some(i) => i.clone(),
@@ -89,6 +90,7 @@ pub async fn run(args: Serve) -> Result<()> {
         }
     }
     let seat_task = tokio::spawn(seat.clone().run());
+    let plans = tokio::spawn(crate::plans::follow(current.clone(), backend.clone(), nats.changes().clone(), limits));
 
     let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
@@ -176,6 +178,7 @@ pub async fn run(args: Serve) -> Result<()> {
         }
     };
     watcher.abort();
+    plans.abort();
     ticker.abort();
     reconnects.abort();
     seat_task.abort();

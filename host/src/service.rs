@@ -24,7 +24,9 @@ use crate::seat::Seat;
 
 pub const SERVICE_NAME: &str = "mesh-provisioner";
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
-pub const ENDPOINT_NAME: &str = "provisioning";
+pub const PLAN: &str = "mesh-provisioner.plan";
+/// The endpoints, by name and subject; the subject is the verb the guest is asked.
+pub const ENDPOINTS: [(&str, &str); 2] = [("provisioning", PROVISIONING), ("plan", PLAN)];
 pub const QUEUE_GROUP: &str = "q";
 pub const ERROR_HEADER: &str = "Nats-Service-Error";
 pub const ERROR_CODE_HEADER: &str = "Nats-Service-Error-Code";
@@ -47,7 +49,8 @@ pub struct Micro {
     started: String,
     current: Arc<Current>,
     seat: Option<Arc<Seat>>,
-    stats: Mutex<Stats>,
+    /// Per endpoint, in [`ENDPOINTS`] order.
+    stats: Mutex<[Stats; 2]>,
 }
 
 impl Micro {
@@ -99,26 +102,36 @@ impl Micro {
     fn info(&self) -> Value {
         let mut v = self.head("info");
         v["description"] = json!("mesh-provisioner: the registry of placeholder kinds and what the nodes need, applied and collected");
-        v["endpoints"] = json!([{ "name": ENDPOINT_NAME, "subject": PROVISIONING, "queue_group": QUEUE_GROUP, "metadata": null }]);
+        v["endpoints"] = ENDPOINTS
+            .iter()
+            .map(|(name, subject)| json!({ "name": name, "subject": subject, "queue_group": QUEUE_GROUP, "metadata": null }))
+            .collect();
         v
     }
 
     fn stats(&self) -> Value {
-        let s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let mut v = self.head("stats");
         v["started"] = json!(self.started);
-        let average = if s.requests == 0 { 0 } else { s.processing.as_nanos() as u64 / s.requests };
-        v["endpoints"] = json!([{
-            "name": ENDPOINT_NAME, "subject": PROVISIONING, "queue_group": QUEUE_GROUP,
-            "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
-            "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
-            "data": null,
-        }]);
+        v["endpoints"] = ENDPOINTS
+            .iter()
+            .zip(all.iter())
+            .map(|((name, subject), s)| {
+                let average = if s.requests == 0 { 0 } else { s.processing.as_nanos() as u64 / s.requests };
+                json!({
+                    "name": name, "subject": subject, "queue_group": QUEUE_GROUP,
+                    "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
+                    "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
+                    "data": null,
+                })
+            })
+            .collect();
         v
     }
 
-    fn count(&self, took: Duration, error: Option<String>) {
-        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+    fn count(&self, endpoint: usize, took: Duration, error: Option<String>) {
+        let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = all.get_mut(endpoint) else { return };
         s.requests += 1;
         s.processing += took;
         if let Some(e) = error {
@@ -140,7 +153,12 @@ pub async fn serve(
 ) -> Result<()> {
     let micro = Micro::new(current.clone(), seat)?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
-    let mut endpoint = client.queue_subscribe(PROVISIONING, QUEUE_GROUP.into()).await.map_err(sub_err)?;
+    let mut endpoints = Vec::new();
+    for (i, (_, subject)) in ENDPOINTS.iter().enumerate() {
+        let s = client.queue_subscribe(*subject, QUEUE_GROUP.into()).await.map_err(sub_err)?;
+        endpoints.push(s.map(move |m| (i, m)));
+    }
+    let mut endpoint = futures::stream::select_all(endpoints);
     let mut control = Vec::new();
     for verb in ["PING", "INFO", "STATS"] {
         for subject in [format!("$SRV.{verb}"), format!("$SRV.{verb}.{SERVICE_NAME}"), format!("$SRV.{verb}.{SERVICE_NAME}.{}", micro.id)] {
@@ -150,17 +168,17 @@ pub async fn serve(
     let mut control = futures::stream::select_all(control);
     client.flush().await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("flushing subscriptions: {e}")))?;
     let max_reply = client.server_info().max_payload.saturating_sub(HEADROOM).max(4096) as u32;
-    tracing::info!(subject = PROVISIONING, id = micro.id, max_reply, "serving");
+    tracing::info!(subjects = ?ENDPOINTS.map(|e| e.1), id = micro.id, max_reply, "serving");
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             request = endpoint.next() => {
-                let Some(request) = request else { break };
+                let Some((which, request)) = request else { break };
                 let Ok(permit) = slots.clone().acquire_owned().await else { break };
                 let (client, backend, micro) = (client.clone(), backend.clone(), micro.clone());
                 tokio::spawn(async move {
-                    answer(&client, request, backend, &micro, limits, max_reply).await;
+                    answer(&client, which, request, backend, &micro, limits, max_reply).await;
                     drop(permit);
                 });
             }
@@ -178,12 +196,15 @@ pub async fn serve(
         }
     }
     // Answer what was already delivered before going.
-    let _ = endpoint.unsubscribe().await;
+    for s in endpoint.iter_mut() {
+        let _ = s.get_mut().unsubscribe().await;
+    }
     let _ = slots.acquire_many(CONCURRENCY as u32).await;
     Ok(())
 }
 
-async fn answer(client: &Client, request: Message, backend: Arc<dyn Backend>, micro: &Micro, limits: Limits, max_reply: u32) {
+async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dyn Backend>, micro: &Micro, limits: Limits, max_reply: u32) {
+    let verb = ENDPOINTS.get(which).map(|e| e.1).unwrap_or(PROVISIONING);
     let started = Instant::now();
     let Some(reply_to) = request.reply.clone() else { return };
     let loaded = micro.current.get();
@@ -192,7 +213,7 @@ async fn answer(client: &Client, request: Message, backend: Arc<dyn Backend>, mi
         // Between losing the seat and unsubscribing: say so rather than answer as the holder.
         (ReplyCode::Unavailable, error_body("unavailable", "this instance no longer holds the seat; retry"))
     } else {
-        match loaded.guest.handle(backend, limits, PROVISIONING, &request.payload, max_reply).await {
+        match loaded.guest.handle(backend, limits, verb, &request.payload, max_reply).await {
             Ok(reply) => (reply.code, reply.body),
             Err(e) => {
                 tracing::warn!("guest failed a request: {e}");
@@ -214,7 +235,7 @@ async fn answer(client: &Client, request: Message, backend: Arc<dyn Backend>, mi
             (client.publish_with_headers(reply_to, headers, body.into()).await, Some(format!("{number}:{status}")))
         }
     };
-    micro.count(started.elapsed(), error);
+    micro.count(which, started.elapsed(), error);
     if let Err(e) = sent {
         tracing::warn!("could not send a reply: {e}");
     }

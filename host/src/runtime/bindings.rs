@@ -17,7 +17,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::mesh::provisioner::api;
-use mesh::provisioner::{bus, log, registry_writer, store, types};
+use mesh::provisioner::{bus, kept_plans, log, registry_writer, store, types};
 
 /// Longest a guest's bus request may wait, whatever it asks.
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,6 +32,7 @@ pub fn host_error(e: Error) -> types::HostError {
         ErrorKind::Invalid => types::HostError::Invalid(m),
         ErrorKind::Timeout => types::HostError::Timeout(m),
         ErrorKind::NoResponders => types::HostError::NoResponders(m),
+        ErrorKind::Corrupt => types::HostError::Corrupt(m),
     }
 }
 
@@ -64,6 +65,16 @@ impl registry_writer::Host for Ctx {
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
         Ok(self.backend.delete_registry(&key, expected).await.map_err(host_error))
+    }
+}
+
+impl kept_plans::Host for Ctx {
+    async fn load(&mut self, node: String, module: String) -> R<Option<Vec<u8>>> {
+        Ok(self.backend.kept().load(&node, &module).map_err(host_error))
+    }
+
+    async fn save(&mut self, node: String, module: String, plan: Vec<u8>) -> R<()> {
+        Ok(self.backend.kept().save(&node, &module, &plan).map_err(host_error))
     }
 }
 

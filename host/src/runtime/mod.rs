@@ -249,6 +249,22 @@ impl ReconcileReport {
     }
 }
 
+/// What one refresh of the plans did (the WIT `refresh-report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefreshReport {
+    pub computed: u32,
+    pub kept: Vec<String>,
+    pub held: Vec<String>,
+    pub waiting: Vec<String>,
+}
+
+/// A bucket change reported to the guest; `key` none: the whole bucket.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Change {
+    pub bucket: String,
+    pub key: Option<String>,
+}
+
 /// A compiled, linked component, ready to instantiate.
 #[derive(Clone)]
 pub struct Guest {
@@ -368,6 +384,32 @@ impl Guest {
         self.checkin(inst);
         Ok(r
             .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
+            .map_err(|e| format!("{e:?}")))
+    }
+
+    /// The buckets whose changes can move a plan (a trailing `*`: a prefix).
+    pub async fn plan_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = match inst.api.mesh_provisioner_api().call_plan_inputs(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        self.checkin(inst);
+        Ok(r)
+    }
+
+    /// Recomputes the plans `changes` can move; the inner error is a store failure as the guest
+    /// reported it.
+    pub async fn refresh(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change]) -> Result<Result<RefreshReport, String>> {
+        let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = match inst.api.mesh_provisioner_api().call_refresh(&mut inst.store, &changes).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        self.checkin(inst);
+        Ok(r
+            .map(|r| RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting })
             .map_err(|e| format!("{e:?}")))
     }
 

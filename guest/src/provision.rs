@@ -1,0 +1,255 @@
+//! Provisions (SPEC §6): each need of a plan resolved against the compiled registry to the
+//! concrete place its value will be found.
+//!
+//! The registry table is the one source: a domain's key shape (`<node>.<module>.<name>`,
+//! `<node>.<module>.<provision>[.<local>]`, `<node>.<collection>.<contributor>`, …) is filled in
+//! with the node, the module and what the need's name holds, each free name escaped. A token the
+//! need cannot fill (a collection's contributors) becomes `*`, and the place is a subject
+//! `filter` rather than a `key`. A kind no domain answers is `unanswered`; a need whose name does
+//! not fit its kind is `malformed` with the reason. No need is dropped.
+
+use serde_json::{json, Map, Value};
+
+use crate::escape::{encode, identifier_problem, shorten, MAX_NAME_BYTES};
+use crate::registry::{self, Answer, Domain};
+
+/// One need of a plan, as the composition lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    pub kind: String,
+    pub name: String,
+    pub part: Option<String>,
+}
+
+/// Reads a plan's need; `Err` names what is wrong with it (it is still reported as a provision).
+pub fn need(v: &Value) -> Result<Need, String> {
+    let Value::Object(o) = v else {
+        return Err(format!("a need is an object with kind, name and part, not {}", shorten(&v.to_string())));
+    };
+    if let Some(extra) = o.keys().find(|k| !matches!(k.as_str(), "kind" | "name" | "part")) {
+        return Err(format!("a need has kind, name and part; {:?} is not one of them", shorten(extra)));
+    }
+    let text = |field: &str| match o.get(field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("the need's {field} must be a string, not {}", shorten(&other.to_string()))),
+    };
+    let (kind, name, part) = (text("kind")?, text("name")?, text("part")?);
+    Ok(Need {
+        kind: kind.ok_or("the need has no kind")?,
+        name: name.ok_or("the need has no name")?,
+        part,
+    })
+}
+
+/// The provision of one need of `module` on `node`.
+pub fn provision(node: &str, module: &str, need: &Need) -> Value {
+    let mut p = Map::new();
+    p.insert("kind".into(), json!(need.kind));
+    p.insert("name".into(), json!(need.name));
+    if let Some(part) = &need.part {
+        p.insert("part".into(), json!(part));
+    }
+    match resolve(node, module, need) {
+        Resolved::At(fields) => p.extend(fields),
+        Resolved::Unanswered(reason) => {
+            p.insert("unanswered".into(), json!(true));
+            p.insert("reason".into(), json!(reason));
+        }
+        Resolved::Malformed(reason) => {
+            p.insert("malformed".into(), json!(true));
+            p.insert("reason".into(), json!(reason));
+        }
+    }
+    Value::Object(p)
+}
+
+/// The provision of a need the plan lists in a shape that cannot be read.
+pub fn malformed(raw: &Value, reason: &str) -> Value {
+    json!({ "need": raw, "malformed": true, "reason": reason })
+}
+
+enum Resolved {
+    At(Map<String, Value>),
+    Unanswered(String),
+    Malformed(String),
+}
+
+fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
+    if let Some(p) = identifier_problem(&need.kind) {
+        return Resolved::Malformed(format!("the kind {p}"));
+    }
+    if need.name.is_empty() || need.name.len() > MAX_NAME_BYTES {
+        return Resolved::Malformed(format!("the name must be 1 to {MAX_NAME_BYTES} bytes, not {}", need.name.len()));
+    }
+    if let Some(part) = &need.part {
+        if let Some(p) = identifier_problem(part) {
+            return Resolved::Malformed(format!("the part {p}"));
+        }
+    }
+    let Some(domain) = registry::lookup(&need.kind) else {
+        return Resolved::Unanswered(format!("no domain answers the kind {:?}", need.kind));
+    };
+    match fill(&domain, node, module, &need.name) {
+        Ok(at) => Resolved::At(at),
+        Err(why) => Resolved::Malformed(why),
+    }
+}
+
+/// What a need's name fills in a domain's shapes.
+struct Filled {
+    provider: Option<String>,
+    provision: Option<String>,
+    local: Option<String>,
+}
+
+/// `<provider>.<provision>[.<local>]`, each an identifier.
+fn split_bound(kind: &str, name: &str) -> Result<Filled, String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let shape = format!("a {kind} need is named <provider>.<provision>[.<local>]");
+    if !(2..=3).contains(&parts.len()) {
+        return Err(format!("{shape}: {:?} has {} part{}", shorten(name), parts.len(), if parts.len() == 1 { "" } else { "s" }));
+    }
+    for (what, p) in ["provider", "provision", "local"].iter().zip(&parts) {
+        if let Some(problem) = identifier_problem(p) {
+            return Err(format!("{shape}: the {what} {problem}"));
+        }
+    }
+    Ok(Filled {
+        provider: Some(parts[0].to_string()),
+        provision: Some(parts[1].to_string()),
+        local: parts.get(2).map(|s| s.to_string()),
+    })
+}
+
+fn fill(domain: &Domain, node: &str, module: &str, name: &str) -> Result<Map<String, Value>, String> {
+    let mut out = Map::new();
+    let (bucket, key, collection) = match &domain.answer {
+        Answer::Verb(verb) => {
+            out.insert("domain".into(), json!(domain.owner));
+            out.insert("verb".into(), json!(verb));
+            return Ok(out);
+        }
+        Answer::Bucket { bucket, key, collection } => (*bucket, *key, *collection),
+    };
+    let names_provider = bucket.contains("<provider>") || key.contains("<provision>");
+    let filled = if names_provider {
+        split_bound(domain.kind, name)?
+    } else {
+        Filled { provider: None, provision: None, local: None }
+    };
+    // A domain with a collection of its own (`shell`) reads that one; `collected` reads the
+    // collection its need names.
+    let collection = match collection {
+        Some(c) => Some(c.to_string()),
+        None if key.contains("<collection>") => Some(name.to_string()),
+        None => None,
+    };
+    let owner = match (&filled.provider, domain.owner) {
+        (Some(p), "<provider>") => p.clone(),
+        (_, owner) => owner.to_string(),
+    };
+    let mut wild = false;
+    let mut subst = |template: &str| -> String {
+        let mut s = template.replace("[.<local>]", &filled.local.as_ref().map(|l| format!(".{l}")).unwrap_or_default());
+        for (slot, value) in [
+            ("<node>", Some(node.to_string())),
+            ("<module>", Some(module.to_string())),
+            ("<name>", Some(encode(name))),
+            ("<provider>", filled.provider.clone()),
+            ("<provision>", filled.provision.clone()),
+            ("<collection>", collection.as_deref().map(encode)),
+        ] {
+            if let Some(v) = value {
+                s = s.replace(slot, &v);
+            }
+        }
+        // Whatever is left is not the need's to fill: any value of it.
+        while let Some(open) = s.find('<') {
+            let Some(len) = s[open..].find('>') else { break };
+            s.replace_range(open..open + len + 1, "*");
+            wild = true;
+        }
+        s
+    };
+    let bucket = subst(bucket);
+    let key = subst(key);
+    out.insert("domain".into(), json!(owner));
+    out.insert("bucket".into(), json!(bucket));
+    if let Some(c) = collection {
+        out.insert("collection".into(), json!(c));
+    }
+    out.insert(if wild { "filter" } else { "key" }.into(), json!(key));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(kind: &str, name: &str) -> Value {
+        provision("alpha", "app", &Need { kind: kind.into(), name: name.into(), part: None })
+    }
+
+    #[test]
+    fn fills_a_config_key_with_the_name_escaped() {
+        assert_eq!(
+            at("config", "db.url"),
+            json!({"kind":"config","name":"db.url","domain":"mesh-config","bucket":"mesh-config_values","key":"alpha.app.db=2Eurl"})
+        );
+    }
+
+    #[test]
+    fn names_the_verb_of_a_secret() {
+        assert_eq!(at("secret", "db_password"), json!({"kind":"secret","name":"db_password","domain":"mesh-vault","verb":"mesh-vault.secret"}));
+    }
+
+    #[test]
+    fn splits_a_bound_name_into_provider_provision_and_local() {
+        assert_eq!(
+            at("bound", "postgres.db"),
+            json!({"kind":"bound","name":"postgres.db","domain":"postgres","bucket":"postgres_bound","key":"alpha.app.db"})
+        );
+        assert_eq!(at("bound", "postgres.db.ro")["key"], "alpha.app.db.ro");
+    }
+
+    #[test]
+    fn reports_a_bound_need_without_provider_and_provision() {
+        let p = at("bound", "postgres");
+        assert_eq!(p["malformed"], true);
+        assert!(p["reason"].as_str().unwrap().contains("<provider>.<provision>[.<local>]: \"postgres\" has 1 part"), "{p}");
+        let p = at("bound", "postgres.d b");
+        assert!(p["reason"].as_str().unwrap().contains("the provision"), "{p}");
+        assert_eq!(at("bound", "a.b.c.d")["malformed"], true);
+    }
+
+    #[test]
+    fn reads_collections_as_filters_over_contributors() {
+        assert_eq!(
+            at("collected", "shell:zsh:normal"),
+            json!({"kind":"collected","name":"shell:zsh:normal","domain":"mesh-provisioner","bucket":"mesh-provisioner_collect",
+                   "collection":"shell:zsh:normal","filter":"alpha.shell=3Azsh=3Anormal.*"})
+        );
+        assert_eq!(at("shell", "zsh")["filter"], "alpha.shell.*");
+        assert_eq!(at("shell", "zsh")["collection"], "shell");
+    }
+
+    #[test]
+    fn places_placement_kinds_at_the_assignment() {
+        let p = at("dir", "state");
+        assert_eq!((p["bucket"].as_str(), p["key"].as_str()), (Some("mesh-controller_assignments"), Some("alpha.app")));
+    }
+
+    #[test]
+    fn says_which_kinds_are_unanswered_and_which_needs_are_malformed() {
+        let p = at("widget", "x");
+        assert_eq!(p["unanswered"], true);
+        assert!(p["reason"].as_str().unwrap().contains("\"widget\""));
+        assert_eq!(at("con fig", "x")["malformed"], true);
+        assert_eq!(at("config", "")["malformed"], true);
+        assert!(need(&json!({"kind":"config"})).unwrap_err().contains("no name"));
+        assert!(need(&json!({"kind":"config","name":3})).unwrap_err().contains("must be a string"));
+        assert!(need(&json!("config:x")).unwrap_err().contains("an object"));
+        assert!(need(&json!({"kind":"config","name":"x","extra":1})).unwrap_err().contains("\"extra\""));
+    }
+}

@@ -1,0 +1,137 @@
+//! Changes of the buckets plans depend on, gathered for the guest's `refresh`.
+//!
+//! The guest names the buckets (`plan-inputs`: names, or a prefix ending in `*`); mirrors
+//! record each put or delete of a matching bucket here, and a whole-bucket change when a mirror
+//! (re)plays. Pending changes are a set, so a burst of writes to one key is one change; past
+//! [`MAX_PENDING`] each bucket's keys collapse into one whole-bucket change, so memory stays
+//! bounded whatever the writers do. The host matches bucket names only: what a key means is the
+//! guest's business.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+use crate::runtime::Change;
+
+/// Most keyed changes held before a bucket's collapse into one whole-bucket change.
+pub const MAX_PENDING: usize = 10_000;
+
+#[derive(Default)]
+struct Pending {
+    patterns: Vec<String>,
+    set: BTreeSet<Change>,
+}
+
+#[derive(Default)]
+pub struct Changes {
+    pending: Mutex<Pending>,
+    notify: Notify,
+}
+
+impl Changes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Follows the buckets `patterns` name from now on.
+    pub fn set_patterns(&self, patterns: Vec<String>) {
+        self.lock().patterns = patterns;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn matches(patterns: &[String], bucket: &str) -> bool {
+        patterns.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => bucket.starts_with(prefix),
+            None => p == bucket,
+        })
+    }
+
+    /// Records that `key` of `bucket` changed (`None`: maybe all of it), if plans depend on it.
+    pub fn record(&self, bucket: &str, key: Option<&str>) {
+        let mut p = self.lock();
+        if !Self::matches(&p.patterns, bucket) {
+            return;
+        }
+        let whole = Change { bucket: bucket.to_string(), key: None };
+        if p.set.contains(&whole) {
+            return;
+        }
+        if p.set.len() >= MAX_PENDING {
+            let buckets: BTreeSet<String> = p.set.iter().map(|c| c.bucket.clone()).collect();
+            p.set = buckets.into_iter().map(|bucket| Change { bucket, key: None }).collect();
+        }
+        match key {
+            None => {
+                p.set.retain(|c| c.bucket != bucket);
+                p.set.insert(whole);
+            }
+            Some(_) if p.set.contains(&whole) => {}
+            Some(k) => {
+                p.set.insert(Change { bucket: bucket.to_string(), key: Some(k.to_string()) });
+            }
+        }
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// Waits for changes, then takes all there are.
+    pub async fn next_batch(&self) -> Vec<Change> {
+        loop {
+            let taken = self.next_batch_now();
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    /// Takes whatever changes wait, without waiting.
+    pub fn next_batch_now(&self) -> Vec<Change> {
+        std::mem::take(&mut self.lock().set).into_iter().collect()
+    }
+
+    /// How many changes wait.
+    pub fn pending(&self) -> usize {
+        self.lock().set.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(bucket: &str, key: Option<&str>) -> Change {
+        Change { bucket: bucket.into(), key: key.map(Into::into) }
+    }
+
+    #[tokio::test]
+    async fn keeps_only_the_buckets_plans_depend_on() {
+        let c = Changes::new();
+        c.set_patterns(vec!["mesh-indexer_builds".into(), "composed-*".into()]);
+        c.record("mesh-provisioner_needs", Some("alpha.app.config.x"));
+        c.record("composed-alpha", Some("app.b7"));
+        c.record("composed-alpha", Some("app.b7"));
+        c.record("mesh-indexer_builds", None);
+        c.record("mesh-indexer_builds", Some("app"));
+        assert_eq!(c.next_batch().await, vec![change("composed-alpha", Some("app.b7")), change("mesh-indexer_builds", None)]);
+        assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn collapses_a_flood_into_one_whole_bucket_change() {
+        let c = Changes::new();
+        c.set_patterns(vec!["composed-*".into()]);
+        for i in 0..MAX_PENDING {
+            c.record("composed-alpha", Some(&format!("m{i}.b1")));
+        }
+        assert_eq!(c.pending(), MAX_PENDING);
+        c.record("composed-beta", Some("web.b1"));
+        c.record("composed-alpha", Some("app.b1"));
+        c.record("composed-beta", None);
+        assert_eq!(c.pending(), 2);
+    }
+}

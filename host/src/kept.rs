@@ -1,0 +1,183 @@
+//! Kept plans (SPEC §6, §10): the guest's last published plan of each module, kept in the state
+//! directory so that a refusal after a restart still holds the module on it.
+//!
+//! One file per module, `<state>/plans/<node>/<module>.plan`: a header line naming this format
+//! and its version, a line with the SHA-256 of the contents, then the guest's bytes, which the
+//! host never reads. Written to a temporary file, synced and renamed, so a crash leaves the old
+//! file or the new one. A file that is not this format, of an unknown version, or whose
+//! contents do not match their digest is [`ErrorKind::Corrupt`]: the guest reports it and the
+//! module waits; nothing here panics or stops the server.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The header's words before the version.
+const MAGIC: &str = "mesh-provisioner kept-plan";
+/// The file format this host writes and reads.
+pub const FORMAT: u32 = 1;
+/// Largest plan kept (a composition is one bucket value, far smaller).
+pub const MAX_PLAN: usize = 1 << 20;
+/// Longest node or module name used as a file name.
+const MAX_NAME: usize = 255;
+
+/// Where kept plans live: files under a directory, or memory (tests, tools).
+pub struct KeptPlans {
+    dir: Option<PathBuf>,
+    memory: Mutex<HashMap<(String, String), Vec<u8>>>,
+}
+
+impl KeptPlans {
+    /// Plans kept as files under `dir` (created on first save).
+    pub fn files(dir: impl Into<PathBuf>) -> Self {
+        KeptPlans { dir: Some(dir.into()), memory: Mutex::default() }
+    }
+
+    /// Plans kept in memory only, gone with the process.
+    pub fn memory() -> Self {
+        KeptPlans { dir: None, memory: Mutex::default() }
+    }
+
+    /// The file of `module` on `node`, both checked to be plain file names first.
+    pub fn path(&self, node: &str, module: &str) -> Result<Option<PathBuf>> {
+        check_name("node", node)?;
+        check_name("module", module)?;
+        Ok(self.dir.as_ref().map(|d| d.join(node).join(format!("{module}.plan"))))
+    }
+
+    pub fn load(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>> {
+        let Some(path) = self.path(node, module)? else {
+            let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            return Ok(m.get(&(node.to_string(), module.to_string())).cloned());
+        };
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::new(ErrorKind::Corrupt, format!("cannot read {}: {e}", path.display()))),
+        };
+        decode(&bytes).map(Some).map_err(|why| Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display())))
+    }
+
+    pub fn save(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
+        if plan.len() > MAX_PLAN {
+            return Err(Error::new(ErrorKind::Invalid, format!("a kept plan is at most {MAX_PLAN} bytes, not {}", plan.len())));
+        }
+        let Some(path) = self.path(node, module)? else {
+            let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            m.insert((node.to_string(), module.to_string()), plan.to_vec());
+            return Ok(());
+        };
+        write_atomically(&path, &encode(plan))
+            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("keeping {}: {e}", path.display())))
+    }
+}
+
+/// Node and module become path segments: plain names only, never `..`, `/` or empty.
+fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Invalid, format!("{what} {:?} cannot name a kept plan", name.chars().take(80).collect::<String>())))
+    }
+}
+
+fn encode(plan: &[u8]) -> Vec<u8> {
+    let mut out = format!("{MAGIC} {FORMAT}\nsha256 {}\n", hex::encode(Sha256::digest(plan))).into_bytes();
+    out.extend_from_slice(plan);
+    out
+}
+
+fn decode(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let mut lines = bytes.splitn(3, |b| *b == b'\n');
+    let header = lines.next().and_then(|l| std::str::from_utf8(l).ok()).unwrap_or("");
+    let Some(version) = header.strip_prefix(MAGIC).and_then(|v| v.strip_prefix(' ')) else {
+        return Err("not a kept-plan file (no header)".into());
+    };
+    if version != FORMAT.to_string() {
+        return Err(format!("kept-plan format {:?} is unknown; this host reads format {FORMAT}", version.chars().take(20).collect::<String>()));
+    }
+    let digest = lines.next().and_then(|l| std::str::from_utf8(l).ok()).and_then(|l| l.strip_prefix("sha256 "));
+    let (Some(digest), Some(plan)) = (digest, lines.next()) else {
+        return Err("the file is cut short".into());
+    };
+    if hex::encode(Sha256::digest(plan)) != digest {
+        return Err("the contents do not match their digest: the file is damaged".into());
+    }
+    Ok(plan.to_vec())
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("plan.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    // The rename itself is durable once the directory is synced.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_back_what_it_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = KeptPlans::files(dir.path());
+        assert_eq!(kept.load("alpha", "app").unwrap(), None);
+        kept.save("alpha", "app", b"{\"plan\":1}").unwrap();
+        assert_eq!(kept.load("alpha", "app").unwrap().as_deref(), Some(&b"{\"plan\":1}"[..]));
+        kept.save("alpha", "app", b"").unwrap();
+        assert_eq!(kept.load("alpha", "app").unwrap().as_deref(), Some(&b""[..]));
+    }
+
+    #[test]
+    fn calls_a_damaged_or_foreign_file_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = KeptPlans::files(dir.path());
+        kept.save("alpha", "app", b"{\"plan\":1}").unwrap();
+        let path = kept.path("alpha", "app").unwrap().unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        for (bytes, says) in [
+            (flipped, "damaged"),
+            (b"hello".to_vec(), "no header"),
+            (String::from_utf8(good.clone()).unwrap().replacen(" 1\n", " 2\n", 1).into_bytes(), "format \"2\" is unknown"),
+            (good[..good.len() - 4].to_vec(), "damaged"),
+            (good[..30].to_vec(), "cut short"),
+        ] {
+            std::fs::write(&path, bytes).unwrap();
+            let e = kept.load("alpha", "app").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupt);
+            assert!(e.message().contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn refuses_names_that_are_not_plain_file_names() {
+        let kept = KeptPlans::files("/nonexistent");
+        for bad in ["", "..", ".", "a/b", "a.b", "-a", &"a".repeat(256)] {
+            assert_eq!(kept.save(bad, "app", b"x").unwrap_err().kind(), ErrorKind::Invalid, "{bad:?}");
+            assert_eq!(kept.load("alpha", bad).unwrap_err().kind(), ErrorKind::Invalid, "{bad:?}");
+        }
+        let big = vec![b' '; MAX_PLAN + 1];
+        assert_eq!(KeptPlans::memory().save("alpha", "app", &big).unwrap_err().kind(), ErrorKind::Invalid);
+        assert!(KeptPlans::memory().save("alpha", "app", &big[..MAX_PLAN]).is_ok());
+    }
+}

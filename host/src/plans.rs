@@ -1,0 +1,83 @@
+//! Following plans (SPEC §6): the host reports each change of a bucket a plan depends on, and
+//! the guest recomputes what it moves and keeps each newly published plan.
+//!
+//! Which buckets matter is the guest's word (`plan-inputs`), asked again after every swap, when
+//! everything is refreshed once: a new guest may plan differently. Changes wait in
+//! [`Changes`] (deduplicated, bounded) while a refresh runs. A refresh that fails is retried
+//! with its changes. Runs on every instance, holder or standby: each keeps its own plans warm.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::changes::Changes;
+use crate::current::Current;
+use crate::runtime::Limits;
+
+/// Changes arriving this soon after the first are taken in the same refresh.
+const SETTLE: Duration = Duration::from_millis(20);
+/// A refresh reads many keys; it gets more time than a verb call.
+const REFRESH_DEADLINE: Duration = Duration::from_secs(30);
+/// Wait before retrying a refresh that failed.
+const RETRY: Duration = Duration::from_secs(1);
+
+pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: Arc<Changes>, limits: Limits) {
+    let limits = Limits { deadline: limits.deadline.max(REFRESH_DEADLINE), ..limits };
+    let mut swapped = current.subscribe();
+    let mut following = String::new();
+    loop {
+        let loaded = current.get();
+        if loaded.guest.digest() != following {
+            match loaded.guest.plan_inputs(backend.clone(), limits).await {
+                Ok(inputs) => {
+                    tracing::info!(?inputs, "following the buckets plans depend on");
+                    changes.set_patterns(inputs.clone());
+                    // Everything, once: a whole-bucket change of each named bucket reaches
+                    // every module (and through them each node's compositions).
+                    for bucket in inputs.iter().filter(|b| !b.ends_with('*')) {
+                        changes.record(bucket, None);
+                    }
+                    following = loaded.guest.digest().to_string();
+                }
+                Err(e) => {
+                    tracing::warn!("the guest did not say what plans depend on: {e}");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        let batch = tokio::select! {
+            batch = changes.next_batch() => batch,
+            _ = swapped.changed() => continue,
+        };
+        tokio::time::sleep(SETTLE).await;
+        let mut batch = batch;
+        batch.extend(changes.next_batch_now());
+        let started = std::time::Instant::now();
+        let failed = match loaded.guest.refresh(backend.clone(), limits, &batch).await {
+            Ok(Ok(r)) => {
+                let elapsed = started.elapsed();
+                if r.kept.is_empty() {
+                    tracing::debug!(changes = batch.len(), computed = r.computed, held = ?r.held, waiting = ?r.waiting, ?elapsed, "plans refreshed");
+                } else {
+                    tracing::info!(changes = batch.len(), computed = r.computed, kept = ?r.kept, held = r.held.len(), waiting = r.waiting.len(), ?elapsed, "plans refreshed");
+                }
+                false
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("refreshing plans failed: {e}; retrying");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("the guest failed to refresh plans: {e}; retrying");
+                true
+            }
+        };
+        if failed {
+            for c in batch {
+                changes.record(&c.bucket, c.key.as_deref());
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}

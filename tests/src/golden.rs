@@ -1,0 +1,107 @@
+//! The plan golden test's fixture mesh (`tests/golden/plans/mesh.json`) and its expected plans
+//! (`tests/golden/plans/expected.json`, reviewed by hand).
+//!
+//! `MESH_PROVISIONER_REGENERATE_GOLDEN=1 cargo test -p tests --test component_plans` rewrites the
+//! expected file from what the component answers; review the diff before committing it. Every
+//! other run compares and fails on any difference, naming the step and module that differ.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Set to `1` to rewrite the expected file instead of comparing.
+pub const REGENERATE: &str = "MESH_PROVISIONER_REGENERATE_GOLDEN";
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Mesh {
+    pub steps: Vec<Step>,
+    /// (node, module) pairs whose plans are pinned after each step.
+    pub ask: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Step {
+    pub name: String,
+    pub writes: Vec<Write>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Write {
+    /// The example config's user that makes this write end to end.
+    pub user: String,
+    pub bucket: String,
+    pub key: String,
+    /// A JSON value, written as its text…
+    pub value: Option<Value>,
+    /// …or raw text, for values that are not JSON.
+    pub raw: Option<String>,
+}
+
+impl Write {
+    pub fn bytes(&self) -> Vec<u8> {
+        match (&self.value, &self.raw) {
+            (Some(v), _) => v.to_string().into_bytes(),
+            (None, Some(r)) => r.clone().into_bytes(),
+            (None, None) => panic!("write {}/{} has neither value nor raw", self.bucket, self.key),
+        }
+    }
+}
+
+fn dir() -> PathBuf {
+    crate::root().join("tests/golden/plans")
+}
+
+pub fn mesh() -> Mesh {
+    let text = std::fs::read_to_string(dir().join("mesh.json")).expect("read the fixture mesh");
+    serde_json::from_str(&text).expect("the fixture mesh parses")
+}
+
+/// The key under which a module's plan is pinned.
+pub fn name(node: &str, module: &str) -> String {
+    format!("{node}/{module}")
+}
+
+fn expected_path() -> PathBuf {
+    dir().join("expected.json")
+}
+
+/// Compares `actual` (step name → module → plan) with the expected file, or rewrites the file
+/// when [`REGENERATE`] is set. Returns the differences, empty when equal.
+pub fn differences(actual: &Map<String, Value>) -> Vec<String> {
+    let text = std::fs::read_to_string(expected_path()).unwrap_or_default();
+    let expected: Map<String, Value> = serde_json::from_str(&text).unwrap_or_default();
+    let mut out = Vec::new();
+    for (step, modules) in actual {
+        for (module, plan) in modules.as_object().into_iter().flatten() {
+            let want = &expected.get(step).and_then(|m| m.get(module));
+            if *want != Some(plan) {
+                out.push(format!(
+                    "step {step}, {module}:\n  expected {}\n  actual   {}",
+                    want.map(|w| w.to_string()).unwrap_or_else(|| "nothing".into()),
+                    plan
+                ));
+            }
+        }
+    }
+    for (step, modules) in &expected {
+        for module in modules.as_object().into_iter().flatten().map(|(m, _)| m) {
+            if actual.get(step).and_then(|m| m.get(module)).is_none() {
+                out.push(format!("step {step}, {module}: expected but not asked"));
+            }
+        }
+    }
+    out
+}
+
+/// Whether this run rewrites the expected file.
+pub fn regenerating() -> bool {
+    std::env::var(REGENERATE).is_ok_and(|v| v == "1")
+}
+
+/// Rewrites the expected file (pretty, one line per field, for review).
+pub fn regenerate(actual: &Map<String, Value>) {
+    let text = serde_json::to_string_pretty(&Value::Object(actual.clone())).expect("serialize") + "\n";
+    std::fs::write(expected_path(), text).expect("write the expected file");
+    eprintln!("rewrote {}: review the diff before committing", expected_path().display());
+}

@@ -1,0 +1,252 @@
+//! Plans and provisions (SPEC §6), by the built component in wasmtime over in-memory buckets and
+//! kept plans in files: the golden fixture mesh, damaged kept plans, hostile plan requests, and
+//! which changes move which plans.
+
+use std::sync::Arc;
+
+use mesh_provisioner::backend::{Backend, MemoryBackend};
+use mesh_provisioner::kept::KeptPlans;
+use mesh_provisioner::runtime::{Change, Limits, RefreshReport, ReplyCode};
+use serde_json::{json, Map, Value};
+use tests::golden;
+
+const PLAN: &str = "mesh-provisioner.plan";
+
+async fn plan_of(b: &Arc<MemoryBackend>, body: &[u8]) -> (ReplyCode, Value) {
+    let reply = tests::guest().handle(b.clone() as Arc<dyn Backend>, Limits::default(), PLAN, body, 1 << 20).await.expect("the guest answers");
+    (reply.code, serde_json::from_slice(&reply.body).expect("the reply is JSON"))
+}
+
+async fn plan(b: &Arc<MemoryBackend>, node: &str, module: &str) -> Value {
+    let (code, v) = plan_of(b, json!({"node": node, "module": module}).to_string().as_bytes()).await;
+    assert_eq!(code, ReplyCode::Ok, "{v}");
+    v
+}
+
+async fn refresh(b: &Arc<MemoryBackend>, changes: &[Change]) -> RefreshReport {
+    tests::guest().refresh(b.clone() as Arc<dyn Backend>, Limits::default(), changes).await.expect("guest runs").expect("refreshes")
+}
+
+/// Applies a step's writes and reports exactly those keys as changed, as the host would.
+async fn apply(b: &Arc<MemoryBackend>, step: &golden::Step) -> RefreshReport {
+    let mut changes = Vec::new();
+    for w in &step.writes {
+        b.put(&w.bucket, &w.key, &w.bytes());
+        changes.push(Change { bucket: w.bucket.clone(), key: Some(w.key.clone()) });
+    }
+    refresh(b, &changes).await
+}
+
+fn files() -> (tempfile::TempDir, Arc<MemoryBackend>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let b = MemoryBackend::with_kept(KeptPlans::files(dir.path().join("plans")));
+    (dir, b)
+}
+
+#[tokio::test]
+async fn plans_and_provisions_match_the_golden_file() {
+    let mesh = golden::mesh();
+    let (_dir, b) = files();
+    let mut actual = Map::new();
+    let mut reports = Vec::new();
+    for step in &mesh.steps {
+        reports.push(apply(&b, step).await);
+        let mut plans = Map::new();
+        for (node, module) in &mesh.ask {
+            plans.insert(golden::name(node, module), plan(&b, node, module).await);
+        }
+        actual.insert(step.name.clone(), Value::Object(plans));
+    }
+    if golden::regenerating() {
+        golden::regenerate(&actual);
+        return;
+    }
+    let diff = golden::differences(&actual);
+    assert!(diff.is_empty(), "plans differ from tests/golden/plans/expected.json (set {}=1 to regenerate, then review):\n{}", golden::REGENERATE, diff.join("\n"));
+    // Only a published plan of a module's first build is kept, and only once.
+    assert_eq!(reports[0].kept, ["alpha/app@b8", "beta/web@w3", "gamma/worker@k1"]);
+    assert!(reports[1].kept.iter().all(|k| k == "gamma/metrics@m1"), "{:?}", reports[1].kept);
+}
+
+#[tokio::test]
+async fn a_refresh_of_unchanged_buckets_keeps_nothing_again() {
+    let mesh = golden::mesh();
+    let (_dir, b) = files();
+    apply(&b, &mesh.steps[0]).await;
+    let whole: Vec<Change> = ["mesh-controller_assignments", "mesh-provisioner_applied", "mesh-indexer_builds", "composed-alpha"]
+        .iter()
+        .map(|bucket| Change { bucket: bucket.to_string(), key: None })
+        .collect();
+    let again = refresh(&b, &whole).await;
+    assert!(again.kept.is_empty(), "{:?}", again.kept);
+    assert!(again.computed >= 6, "every module of the mesh is recomputed: {}", again.computed);
+}
+
+#[tokio::test]
+async fn a_damaged_kept_plan_makes_the_module_wait_with_the_reason_and_is_replaced_when_published() {
+    let mesh = golden::mesh();
+    let (dir, b) = files();
+    apply(&b, &mesh.steps[0]).await;
+    let file = dir.path().join("plans/alpha/app.plan");
+    let mut bytes = std::fs::read(&file).expect("alpha/app's plan is kept as a file");
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0x20;
+    std::fs::write(&file, &bytes).unwrap();
+
+    // want b9 is refused: with the kept plan unreadable the module waits, saying why.
+    apply(&b, &mesh.steps[1]).await;
+    let v = plan(&b, "alpha", "app").await;
+    assert_eq!(v["state"], "waiting", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.contains("refused") && reason.contains("corrupt") && reason.contains("damaged"), "{reason}");
+
+    // A file that is not a kept plan at all, and one in a later format, say so too.
+    for (contents, says) in [(&b"hello"[..], "no header"), (&b"mesh-provisioner kept-plan 9\nsha256 00\n{}"[..], "format \"9\" is unknown")] {
+        std::fs::write(&file, contents).unwrap();
+        let v = plan(&b, "alpha", "app").await;
+        assert!(v["reason"].as_str().unwrap().contains(says), "{v}");
+    }
+
+    // A published want is kept again over the damaged file.
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b8"}"#);
+    let r = refresh(&b, &[Change { bucket: "mesh-controller_assignments".into(), key: Some("alpha.app".into()) }]).await;
+    assert_eq!(r.kept, ["alpha/app@b8"]);
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b9"}"#);
+    let v = plan(&b, "alpha", "app").await;
+    assert_eq!((v["state"].as_str(), v["entries"][0]["plan_build"].as_str()), (Some("held"), Some("b8")), "{v}");
+}
+
+#[tokio::test]
+async fn a_kept_plan_of_another_module_or_format_is_not_used() {
+    let b = MemoryBackend::new();
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b2"}"#);
+    for (kept, says) in [
+        (json!({"format": 1, "node": "alpha", "module": "web", "build": "b1", "plan": {}}), "another module"),
+        (json!({"format": 7, "node": "alpha", "module": "app", "build": "b1", "plan": {}}), "format 7"),
+        (json!({"format": 1, "node": "alpha", "module": "app", "build": "b1", "plan": []}), "no plan object"),
+    ] {
+        b.kept().save("alpha", "app", kept.to_string().as_bytes()).unwrap();
+        let v = plan(&b, "alpha", "app").await;
+        assert_eq!(v["state"], "waiting", "{v}");
+        assert!(v["reason"].as_str().unwrap().contains(says), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn odd_compositions_and_sources_hold_or_wait_with_a_reason() {
+    let b = MemoryBackend::new();
+    let cases: [(&str, &[u8], &str); 6] = [
+        ("a1", b"not json", "not JSON"),
+        ("a2", br#"{"state":"published"}"#, "without a plan object"),
+        ("a3", br#"{"state":"published","plan":{"needs":{"kind":"config"}}}"#, "`needs` is not a list"),
+        ("a4", br#"{"state":"drafted"}"#, "neither published nor refused"),
+        ("a5", br#"{"plan":{}}"#, "has no state"),
+        ("a6", br#"{"state":"refused"}"#, "refused: no reason given"),
+    ];
+    for (build, value, says) in cases {
+        b.put("composed-alpha", &format!("app.{build}"), value);
+        b.put("mesh-controller_assignments", "alpha.app", json!({"want": build}).to_string().as_bytes());
+        let v = plan(&b, "alpha", "app").await;
+        assert_eq!(v["state"], "waiting", "{build}: {v}");
+        assert!(v["reason"].as_str().unwrap().contains(says), "{build}: {v}");
+    }
+    for (value, says) in [
+        (&br#"{"want":7}"#[..], "not a build name"),
+        (&br#"{"want":"b.1"}"#[..], "not an identifier"),
+        (&br#"[1]"#[..], "not a JSON object"),
+    ] {
+        b.put("mesh-controller_assignments", "alpha.app", value);
+        let v = plan(&b, "alpha", "app").await;
+        assert_eq!((v["state"].as_str(), v["entries"][0]["build"].is_null()), (Some("waiting"), true), "{v}");
+        assert!(v["reason"].as_str().unwrap().contains(says), "{v}");
+    }
+    // A want that names no build (null) falls back to the have.
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":null}"#);
+    b.put("mesh-provisioner_applied", "alpha.app", br#"{"build":"a6","needs":0}"#);
+    assert_eq!(plan(&b, "alpha", "app").await["entries"][0]["as"], json!(["have"]));
+}
+
+#[tokio::test]
+async fn refuses_bad_plan_requests_before_reading_anything() {
+    let b = MemoryBackend::new();
+    for (body, says) in [
+        (&b""[..], "`node` is required"),
+        (br#"{"node":"alpha"}"#, "`module` is required"),
+        (br#"{"module":"app"}"#, "`node` is required"),
+        (br#"{"node":"*","module":"app"}"#, "field `node`"),
+        (br#"{"node":"alpha","module":">"}"#, "field `module`"),
+        (br#"{"node":"al.pha","module":"app"}"#, "field `node`"),
+        (br#"{"node":"","module":"app"}"#, "field `node`"),
+        (br#"{"node":"alpha","module":"app","what":"needs"}"#, "unknown field"),
+        (br#"{"node":"alpha","module":"app","node":"beta"}"#, "given twice"),
+        (br#"{"node":1,"module":"app"}"#, "must be a string"),
+        (br#"["alpha","app"]"#, "one JSON object"),
+        (b"\xff\xfe", "not UTF-8"),
+    ] {
+        let (code, v) = plan_of(&b, body).await;
+        assert_eq!(code, ReplyCode::BadRequest, "{body:?}: {v}");
+        assert_eq!(v["error"]["code"], "bad_request");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{body:?}: {v}");
+    }
+    let big = format!(r#"{{"node":"alpha","module":"app","pad":"{}"}}"#, "x".repeat(20_000));
+    let (code, v) = plan_of(&b, big.as_bytes()).await;
+    assert_eq!(code, ReplyCode::BadRequest);
+    assert!(v["error"]["message"].as_str().unwrap().contains("at most"), "{v}");
+    assert_eq!(b.bucket("composed-alpha").visited(), 0);
+}
+
+#[tokio::test]
+async fn an_indexer_change_moves_the_module_on_every_node_that_has_it() {
+    let b = MemoryBackend::new();
+    for node in ["alpha", "beta", "gamma"] {
+        b.put(&format!("composed-{node}"), "app.b2", br#"{"state":"published","plan":{"needs":[]}}"#);
+    }
+    b.put("mesh-controller_assignments", "alpha.app", br#"{}"#);
+    b.put("mesh-provisioner_applied", "beta.app", br#"{"build":"b1"}"#);
+    b.put("mesh-controller_assignments", "gamma.web", br#"{"want":"w1"}"#);
+    b.put("mesh-indexer_builds", "app", br#"{"newest":"b2"}"#);
+    let r = refresh(&b, &[Change { bucket: "mesh-indexer_builds".into(), key: Some("app".into()) }]).await;
+    assert_eq!(r.computed, 2, "alpha/app and beta/app, not gamma/web");
+    assert_eq!(r.kept, ["alpha/app@b2"], "beta/app's first build is its have, b1, not published");
+    assert_eq!(r.waiting.len(), 1, "{:?}", r.waiting);
+    assert!(r.waiting[0].starts_with("beta/app: the composition of app at b1 is not yet published"), "{:?}", r.waiting);
+    // A change of a composition bucket moves that node's module only.
+    let r = refresh(&b, &[Change { bucket: "composed-gamma".into(), key: Some("web.w1".into()) }]).await;
+    assert_eq!(r.computed, 1);
+    // Keys out of shape and buckets plans do not read move nothing.
+    let r = refresh(
+        &b,
+        &[
+            Change { bucket: "composed-gamma".into(), key: Some("web".into()) },
+            Change { bucket: "mesh-provisioner_needs".into(), key: Some("alpha.app.config.x".into()) },
+            Change { bucket: "composed-".into(), key: None },
+        ],
+    )
+    .await;
+    assert_eq!(r.computed, 0);
+}
+
+#[tokio::test]
+async fn a_module_nothing_names_waits_and_says_so() {
+    let b = MemoryBackend::new();
+    let v = plan(&b, "alpha", "ghost").await;
+    assert_eq!(v["state"], "waiting");
+    assert_eq!(v["entries"], json!([]));
+    assert!(v["reason"].as_str().unwrap().contains("no want, no applied build"), "{v}");
+}
+
+#[tokio::test]
+async fn a_plan_too_large_for_a_reply_is_an_error_that_says_so() {
+    let b = MemoryBackend::new();
+    let needs: Vec<Value> = (0..400).map(|i| json!({"kind":"config","name":format!("n{i}"),"part":"p"})).collect();
+    b.put("composed-alpha", "app.b1", json!({"state":"published","plan":{"needs":needs}}).to_string().as_bytes());
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#);
+    let reply = tests::guest()
+        .handle(b.clone() as Arc<dyn Backend>, Limits::default(), PLAN, br#"{"node":"alpha","module":"app"}"#, 4096)
+        .await
+        .unwrap();
+    assert_eq!(reply.code, ReplyCode::Internal);
+    let v: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("more than a reply may hold"), "{v}");
+    assert!(reply.body.len() <= 4096);
+}
