@@ -61,7 +61,7 @@ async fn plans_and_provisions_match_the_golden_file() {
         golden::regenerate(&actual);
         return;
     }
-    let diff = golden::differences(&actual);
+    let diff = golden::differences(&actual, true);
     assert!(diff.is_empty(), "plans differ from tests/golden/plans/expected.json (set {}=1 to regenerate, then review):\n{}", golden::REGENERATE, diff.join("\n"));
     // Only a published plan of a module's first build is kept, and only once.
     assert_eq!(reports[0].kept, ["alpha/app@b8", "beta/web@w3", "gamma/worker@k1"]);

@@ -1,0 +1,179 @@
+//! Plans end to end (SPEC §6): the real host binary and component against a real nats-server
+//! with the example config. The fixture mesh is written by the users that own each bucket (the
+//! controller, the indexer, each node's engine and client), the plans are asked on
+//! `mesh-provisioner.plan` and must equal the golden file; kept plans survive a restart.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv;
+use async_nats::Client;
+use serde_json::{json, Map, Value};
+use tests::golden;
+use tests::nats::{host_binary, Bus, Host};
+
+/// Each plan input's bucket and the user that owns (creates and writes) it.
+const OWNERS: [(&str, &str); 5] = [
+    ("mesh-controller", "mesh-controller_assignments"),
+    ("mesh-indexer", "mesh-indexer_builds"),
+    ("node-alpha", "composed-alpha"),
+    ("node-beta", "composed-beta"),
+    ("node-gamma", "composed-gamma"),
+];
+
+async fn create_buckets(bus: &Bus) {
+    for (user, bucket) in OWNERS {
+        let js = bus.js(user).await;
+        js.create_key_value(kv::Config { bucket: bucket.into(), history: 1, ..Default::default() })
+            .await
+            .unwrap_or_else(|e| panic!("{user} creates {bucket}: {e}"));
+    }
+}
+
+async fn write(bus: &Bus, step: &golden::Step) {
+    for w in &step.writes {
+        bus.put(&w.user, &w.bucket, &w.key, &w.bytes()).await;
+    }
+}
+
+async fn ask_plan(client: &Client, body: &Value) -> (Option<String>, Value) {
+    let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(Duration::from_secs(5)));
+    let msg = client.send_request("mesh-provisioner.plan", req).await.expect("the plan verb answers");
+    let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
+    (code, serde_json::from_slice(&msg.payload).expect("the reply is JSON"))
+}
+
+/// Asks every pinned plan until they all equal the golden step (plans follow changes a moment
+/// after they land), failing with the differences after a while.
+async fn wait_for_step(client: &Client, mesh: &golden::Mesh, step: &str, host: &Host) {
+    let start = Instant::now();
+    loop {
+        let mut plans = Map::new();
+        for (node, module) in &mesh.ask {
+            let (code, v) = ask_plan(client, &json!({"node": node, "module": module})).await;
+            assert_eq!(code, None, "{node}/{module}: {v}");
+            plans.insert(golden::name(node, module), v);
+        }
+        let mut actual = Map::new();
+        actual.insert(step.to_string(), Value::Object(plans));
+        let diff = golden::differences(&actual, false);
+        if diff.is_empty() {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "plans over the bus differ from the golden step {step}:\n{}\nhost log:\n{}",
+            diff.join("\n"),
+            host.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops the host gracefully (it releases the seat), keeping its state directory.
+async fn stop_gracefully(mut host: Host) -> tempfile::TempDir {
+    host.signal("TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(10), host.child.wait()).await;
+    host.stop().await
+}
+
+#[tokio::test]
+async fn plans_over_the_bus_match_the_golden_file_and_kept_plans_survive_a_restart() {
+    let mesh = golden::mesh();
+    let bus = Bus::start().await;
+    // Started before the plan buckets exist: each is followed from its creation.
+    let host = Host::start(&bus, &["--seat-ttl", "2s"]).await;
+    create_buckets(&bus).await;
+    let controller = bus.client("mesh-controller").await;
+
+    write(&bus, &mesh.steps[0]).await;
+    wait_for_step(&controller, &mesh, &mesh.steps[0].name, &host).await;
+    let alpha_plan = host.state.path().join("plans/alpha/app.plan");
+    let start = Instant::now();
+    while !alpha_plan.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "alpha/app's plan was not kept:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = stop_gracefully(host).await;
+
+    // The mesh moves while the host is down: the plans a refusal holds on can only come from
+    // what the first run kept in its state directory.
+    write(&bus, &mesh.steps[1]).await;
+    let host = Host::start_in(&bus, state, &["--seat-ttl", "2s"]).await;
+    wait_for_step(&controller, &mesh, &mesh.steps[1].name, &host).await;
+
+    // The verb's endpoint is listed beside the provisioning one.
+    let info = controller.request("$SRV.INFO.mesh-provisioner", "".into()).await.unwrap();
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    let subjects: Vec<&str> = info["endpoints"].as_array().unwrap().iter().filter_map(|e| e["subject"].as_str()).collect();
+    assert_eq!(subjects, ["mesh-provisioner.provisioning", "mesh-provisioner.plan"]);
+
+    // The same mesh without the kept plans: nothing to hold on, the refused module waits.
+    stop_gracefully(host).await;
+    let host = Host::start(&bus, &["--seat-ttl", "2s"]).await;
+    let (_, v) = ask_plan(&controller, &json!({"node": "alpha", "module": "app"})).await;
+    assert_eq!(v["state"], "waiting", "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("no plan was kept"), "{v}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn query_plan_prints_provisions_and_refuses_a_request_without_a_module() {
+    let mesh = golden::mesh();
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &[]).await;
+    create_buckets(&bus).await;
+    write(&bus, &mesh.steps[0]).await;
+    let controller = bus.client("mesh-controller").await;
+    wait_for_step(&controller, &mesh, &mesh.steps[0].name, &host).await;
+
+    let pw = bus.password("mesh-controller");
+    let conn = ["--nats-url", bus.url(), "--user", "mesh-controller", "--password", pw.as_str()];
+    let run = |args: &[&str]| std::process::Command::new(host_binary()).args(args).args(conn).output().expect("run the host binary");
+    let out = run(&["query", "plan", "--node", "alpha", "--module", "app"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for shown in ["app on alpha: planned", "want b8", "postgres_bound alpha.app.db.ro", "verb mesh-vault.secret", "unanswered: no domain answers the kind \"widget\"", "malformed: a bound need"] {
+        assert!(text.contains(shown), "{shown:?} not in:\n{text}");
+    }
+    let out = run(&["query", "plan", "--node", "alpha"]);
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("bad_request (400)") && text.contains("`module` is required"), "{text}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
+    let bus = Bus::start().await;
+    create_buckets(&bus).await;
+    let refused = |r: Result<u64, kv::PutError>| r.is_err();
+    async fn lands(js: &async_nats::jetstream::Context, subject: &str) -> bool {
+        match js.publish(subject.to_string(), "{}".into()).await {
+            Ok(ack) => ack.await.is_ok(),
+            Err(_) => false,
+        }
+    }
+    // A node's engine writes its own node's compositions and no other's.
+    let alpha = bus.js("node-alpha").await;
+    assert!(!refused(alpha.get_key_value("composed-alpha").await.unwrap().put("app.b1", "{}".into()).await));
+    assert!(alpha.get_key_value("composed-beta").await.is_err(), "node-alpha opened composed-beta");
+    assert!(!lands(&alpha, "$KV.composed-beta.app.b1").await, "node-alpha wrote composed-beta");
+    assert!(alpha.get_key_value("mesh-controller_assignments").await.is_err());
+    // The controller writes assignments only; the indexer builds only.
+    let controller = bus.js("mesh-controller").await;
+    assert!(controller.get_key_value("mesh-indexer_builds").await.is_err());
+    assert!(!lands(&controller, "$KV.composed-alpha.app.b2").await);
+    let indexer = bus.js("mesh-indexer").await;
+    assert!(!lands(&indexer, "$KV.mesh-controller_assignments.alpha.app").await);
+    // The provisioner reads them all and writes none.
+    let prov = bus.js("mesh-provisioner").await;
+    for (_, bucket) in OWNERS {
+        let kv = prov.get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
+        assert!(refused(kv.put("alpha.app", "{}".into()).await), "the provisioner wrote {bucket}");
+    }
+    assert_eq!(prov.get_key_value("composed-alpha").await.unwrap().get("app.b1").await.unwrap().as_deref(), Some(&b"{}"[..]));
+    // Nothing refused landed.
+    assert!(prov.get_key_value("composed-beta").await.unwrap().get("app.b1").await.unwrap().is_none());
+    assert!(prov.get_key_value("composed-alpha").await.unwrap().get("app.b2").await.unwrap().is_none());
+    assert!(prov.get_key_value("mesh-controller_assignments").await.unwrap().get("alpha.app").await.unwrap().is_none());
+}
