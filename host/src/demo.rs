@@ -1,5 +1,6 @@
-//! `serve --demo`: a small mesh written as the node clients and a provider would, through the
-//! example config's own users, so that `query` shows something real, one odd key included.
+//! `serve --demo`: a small mesh written as the node clients and engines, the controller, the
+//! indexer and a provider would, through the example config's own users, so that `query` shows
+//! something real: one odd key, a planned module and one held on its kept plan.
 
 use async_nats::jetstream;
 use async_nats::ConnectOptions;
@@ -38,20 +39,36 @@ pub async fn write(access: &Access) -> Result<()> {
             kv.put(*key, value.as_bytes().to_vec().into()).await.map_err(|e| fail(user, key, &e))?;
         }
     }
-    let js = login(access, "provider-postgres").await?;
-    let bound = match js.get_key_value("postgres_bound").await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(jetstream::kv::Config { bucket: "postgres_bound".into(), ..Default::default() })
-            .await
-            .map_err(|e| fail("provider-postgres", "postgres_bound", &e))?,
-    };
-    bound
-        .put("alpha.app.db", br#"{"host":"alpha","port":5432,"database":"app"}"#.to_vec().into())
-        .await
-        .map_err(|e| fail("provider-postgres", "alpha.app.db", &e))?;
+    for (i, (user, bucket, key, value)) in OWNED.iter().enumerate() {
+        if i + 1 == OWNED.len() {
+            // Give the plans a moment to follow (and keep beta's w3) before its want moves on.
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let js = login(access, user).await?;
+        let kv = match js.get_key_value(*bucket).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(jetstream::kv::Config { bucket: bucket.to_string(), ..Default::default() })
+                .await
+                .map_err(|e| fail(user, bucket, &e))?,
+        };
+        kv.put(*key, value.as_bytes().to_vec().into()).await.map_err(|e| fail(user, key, &e))?;
+    }
     Ok(())
 }
+
+/// Writes into buckets their writer owns (and creates): a provider's bound values, the node
+/// engines' compositions, the controller's wants, the indexer's newest builds. Beta's web is
+/// wanted at a refused build last, so it is held on the plan kept from w3 (its have).
+const OWNED: &[(&str, &str, &str, &str)] = &[
+    ("provider-postgres", "postgres_bound", "alpha.app.db", r#"{"host":"alpha","port":5432,"database":"app"}"#),
+    ("node-alpha", "composed-alpha", "app.b7", r#"{"state":"published","plan":{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"secret","name":"db_password","part":"api"},{"kind":"bound","name":"postgres.db","part":"api"},{"kind":"dir","name":"state","part":"api"}],"dirs":[{"name":"state","unknown_files":"keep"}]}}"#),
+    ("node-beta", "composed-beta", "web.w3", r#"{"state":"published","plan":{"parts":["site"],"needs":[{"kind":"port","name":"http","part":"site"},{"kind":"config","name":"base_url","part":"site"}],"dirs":[]}}"#),
+    ("node-beta", "composed-beta", "web.w4", r#"{"state":"refused","reason":"part `site` declares ${port:http} twice"}"#),
+    ("mesh-controller", "mesh-controller_assignments", "alpha.app", r#"{"want":"b7"}"#),
+    ("mesh-indexer", "mesh-indexer_builds", "app", r#"{"newest":"b7"}"#),
+    ("mesh-controller", "mesh-controller_assignments", "beta.web", r#"{"want":"w4"}"#),
+];
 
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
     let password = access.password(user).unwrap_or_default().to_string();

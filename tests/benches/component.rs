@@ -39,6 +39,12 @@ impl Env for Native {
         Err(HostError::NoResponders("none".into()))
     }
     fn log(&self, _: Level, _: &str) {}
+    fn load_plan(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+    fn save_plan(&self, _: &str, _: &str, _: &[u8]) -> Result<(), HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -76,12 +76,13 @@ pub fn differences(actual: &Map<String, Value>, whole: bool) -> Vec<String> {
     for (step, modules) in actual {
         for (module, plan) in modules.as_object().into_iter().flatten() {
             let want = &expected.get(step).and_then(|m| m.get(module));
-            if *want != Some(plan) {
-                out.push(format!(
-                    "step {step}, {module}:\n  expected {}\n  actual   {}",
-                    want.map(|w| w.to_string()).unwrap_or_else(|| "nothing".into()),
-                    plan
-                ));
+            match want {
+                Some(w) if *w == plan => {}
+                Some(w) => {
+                    let (at, e, a) = first_difference(w, plan, String::new());
+                    out.push(format!("step {step}, {module}: at {at}\n  expected {e}\n  actual   {a}"));
+                }
+                None => out.push(format!("step {step}, {module}: not expected; actual {plan}")),
             }
         }
     }
@@ -100,6 +101,33 @@ pub fn differences(actual: &Map<String, Value>, whole: bool) -> Vec<String> {
         }
     }
     out
+}
+
+/// Where two JSON values first differ: a path like `.entries[0].provisions[2].key`, and the
+/// two values there.
+fn first_difference(expected: &Value, actual: &Value, at: String) -> (String, String, String) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for key in e.keys().chain(a.keys()) {
+                match (e.get(key), a.get(key)) {
+                    (Some(x), Some(y)) if x == y => {}
+                    (Some(x), Some(y)) => return first_difference(x, y, format!("{at}.{key}")),
+                    (x, y) => return (format!("{at}.{key}"), show(x), show(y)),
+                }
+            }
+        }
+        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => {
+            if let Some(i) = (0..e.len()).find(|i| e[*i] != a[*i]) {
+                return first_difference(&e[i], &a[i], format!("{at}[{i}]"));
+            }
+        }
+        _ => {}
+    }
+    (if at.is_empty() { ".".into() } else { at }, expected.to_string(), actual.to_string())
+}
+
+fn show(v: Option<&Value>) -> String {
+    v.map(Value::to_string).unwrap_or_else(|| "nothing".into())
 }
 
 /// Whether this run rewrites the expected file.

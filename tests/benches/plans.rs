@@ -1,0 +1,157 @@
+//! What plans cost in the component: asking one module's plan, and refreshing every plan of a
+//! mesh, against the provisioning verb's narrowed query on the same runtime (the baseline) and
+//! the same plan logic called natively. A benchmark, not a test: it prints figures.
+//!
+//! `cargo bench -p tests --bench plans` (after `cargo build -p guest --target wasm32-wasip2 --release`)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest::env::{Entry, Env, HostError, Level, Page};
+use mesh_provisioner::backend::{Backend, MemoryBackend};
+use mesh_provisioner::kept::KeptPlans;
+use mesh_provisioner::runtime::{Change, Limits, ReplyCode, Runtime};
+use serde_json::json;
+
+const NODES: [&str; 3] = ["alpha", "beta", "gamma"];
+const MODULES: usize = 1000;
+const CALLS: usize = 3000;
+const NEEDS_QUERY: &[u8] = br#"{"what":"needs","node":"alpha","module":"m0420"}"#;
+
+/// The plan logic's `Env` over the same in-memory mirrors and kept plans.
+struct Native(Arc<MemoryBackend>);
+
+impl Env for Native {
+    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
+        let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(e.map(|e| Entry { key: e.key, revision: e.revision, value: e.value }))
+    }
+    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
+        let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(Page {
+            entries: p.entries.into_iter().map(|e| Entry { key: e.key, revision: e.revision, value: e.value }).collect(),
+            more: p.more,
+            revision: p.revision,
+        })
+    }
+    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
+        Err(HostError::NoResponders("none".into()))
+    }
+    fn log(&self, _: Level, _: &str) {}
+    fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.0.kept().load(node, module).map_err(|e| HostError::Corrupt(e.to_string()))
+    }
+    fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
+        self.0.kept().save(node, module, plan).map_err(|e| HostError::Unavailable(e.to_string()))
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// 3 nodes × 1000 modules: each wanted at b1 with the indexer's newest at b2, both published
+/// with 10 needs of mixed kinds, and 10 needs recorded per module for the baseline query.
+fn mesh(kept: KeptPlans) -> Arc<MemoryBackend> {
+    let b = MemoryBackend::with_kept(kept);
+    let kinds = ["config", "secret", "bound", "dir", "port", "collected", "shell", "consumers", "seat", "widget"];
+    let needs: Vec<_> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| json!({"kind": k, "name": if *k == "bound" { "postgres.db".to_string() } else { format!("name{i}") }, "part": "api"}))
+        .collect();
+    let composed = json!({"state": "published", "plan": {"parts": ["api"], "needs": needs, "dirs": [{"name": "state", "unknown_files": "keep"}]}}).to_string();
+    for m in 0..MODULES {
+        let module = format!("m{m:04}");
+        b.put("mesh-indexer_builds", &module, br#"{"newest":"b2"}"#);
+        for node in NODES {
+            for build in ["b1", "b2"] {
+                b.put(&format!("composed-{node}"), &format!("{module}.{build}"), composed.as_bytes());
+            }
+            b.put("mesh-controller_assignments", &format!("{node}.{module}"), br#"{"want":"b1"}"#);
+            for k in 0..10 {
+                b.put("mesh-provisioner_needs", &format!("{node}.{module}.config.name{k}"), br#"{"placeholder":"${config:x}","part":"api"}"#);
+            }
+        }
+    }
+    b
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let b = mesh(KeptPlans::files(dir.path().join("plans")));
+    let backend: Arc<dyn Backend> = b.clone();
+    let guest = Runtime::new().expect("runtime").load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
+    let plan_req = br#"{"node":"alpha","module":"m0420"}"#;
+
+    let (baseline, plan_wasm, plan_bytes) = rt.block_on(async {
+        let mut base = Vec::with_capacity(CALLS);
+        let mut plan = Vec::with_capacity(CALLS);
+        let mut bytes = 0;
+        for _ in 0..CALLS {
+            let t = Instant::now();
+            let r = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", NEEDS_QUERY, 1 << 20).await.expect("call");
+            base.push(t.elapsed());
+            assert_eq!(r.code, ReplyCode::Ok);
+            let t = Instant::now();
+            let r = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.plan", plan_req, 1 << 20).await.expect("call");
+            plan.push(t.elapsed());
+            assert_eq!(r.code, ReplyCode::Ok);
+            bytes = r.body.len();
+        }
+        (median(base), median(plan), bytes)
+    });
+    let native = Native(b.clone());
+    let mut times = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let r = guest::verb::handle(&native, "mesh-provisioner.plan", plan_req, 1 << 20);
+        times.push(t.elapsed());
+        assert_eq!(r.code, guest::verb::Code::Ok);
+    }
+    let plan_native = median(times);
+
+    println!("mesh: {} nodes × {MODULES} modules, two published builds each (want b1, newest b2), 10 needs per plan", NODES.len());
+    println!("{:<58} {:>10.1} µs   1.00×", "provisioning verb, needs of one module (baseline)", us(baseline));
+    println!("{:<58} {:>10.1} µs {:>6.2}×   ({plan_bytes} bytes)", "plan verb, one module (wasm, reused instance)", us(plan_wasm), us(plan_wasm) / us(baseline));
+    println!("{:<58} {:>10.1} µs {:>6.2}×", "plan verb, one module (native logic)", us(plan_native), us(plan_native) / us(baseline));
+
+    let whole = vec![Change { bucket: "mesh-controller_assignments".into(), key: None }];
+    let limits = Limits { deadline: Duration::from_secs(60), ..Limits::default() };
+    for label in ["first: every plan kept (3000 files written)", "again: nothing changed, nothing written"] {
+        let t = Instant::now();
+        let r = rt.block_on(guest.refresh(backend.clone(), limits, &whole)).expect("guest runs").expect("refreshes");
+        let took = t.elapsed();
+        let per = took / r.computed.max(1);
+        println!(
+            "{:<58} {:>10.1} ms   {} plans, {} kept, {:.1} µs a plan = {:.2}× baseline",
+            format!("refresh of the whole mesh, {label}"),
+            took.as_secs_f64() * 1e3,
+            r.computed,
+            r.kept.len(),
+            us(per),
+            us(per) / us(baseline)
+        );
+    }
+    let one = vec![Change { bucket: "composed-alpha".into(), key: Some("m0420.b1".into()) }];
+    let mut times = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        rt.block_on(guest.refresh(backend.clone(), limits, &one)).expect("guest runs").expect("refreshes");
+        times.push(t.elapsed());
+    }
+    let single = median(times);
+    println!("{:<58} {:>10.1} µs {:>6.2}×", "refresh after one composition changed", us(single), us(single) / us(baseline));
+}
