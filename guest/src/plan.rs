@@ -157,8 +157,10 @@ fn composition(env: &dyn Env, node: &str, module: &str, build: &str) -> Result<C
     }
 }
 
-/// Computes the plan of `module` on `node` from the buckets and the kept plan.
-pub fn compute(env: &dyn Env, node: &str, module: &str) -> Result<Plan, HostError> {
+/// Computes the plan of `module` on `node` from the buckets and the kept plan. With `keeping`,
+/// also says what to keep (`to_keep`), which reads the kept plan even when every build is
+/// published; without it (the read-only verb), the kept plan is read only when needed.
+pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result<Plan, HostError> {
     let pair = format!("{node}.{module}");
     let want = source(env, ASSIGNMENTS, &pair, "want")?;
     let have = source(env, APPLIED, &pair, "build")?;
@@ -177,28 +179,36 @@ pub fn compute(env: &dyn Env, node: &str, module: &str) -> Result<Plan, HostErro
         _ => {}
     }
 
-    let kept = match env.load_plan(node, module) {
-        Ok(None) => Ok(None),
-        Ok(Some(bytes)) => Kept::from_bytes(&bytes, node, module).map(Some),
-        Err(e) => Err(format!("the kept plan cannot be read ({e})")),
+    let mut read = Vec::with_capacity(reads.len());
+    for (roles, src) in reads {
+        read.push(match src {
+            Source::Build(b) => {
+                let c = composition(env, node, module, &b)?;
+                (roles, Some(b), c)
+            }
+            Source::Odd(why) => (roles, None, Composition::Not(why)),
+            Source::Absent => (roles, None, Composition::Not("no build".into())),
+        });
+    }
+    let needs_kept = keeping || read.iter().any(|(_, _, c)| matches!(c, Composition::Not(_)));
+    let kept = if !needs_kept {
+        Ok(None)
+    } else {
+        match env.load_plan(node, module) {
+            Ok(None) => Ok(None),
+            Ok(Some(bytes)) => Kept::from_bytes(&bytes, node, module).map(Some),
+            Err(e) => Err(format!("the kept plan cannot be read ({e})")),
+        }
     };
 
     let mut entries = Vec::new();
     let mut to_keep = None;
-    for (i, (roles, src)) in reads.into_iter().enumerate() {
-        let (build, got) = match src {
-            Source::Build(b) => {
-                let c = composition(env, node, module, &b)?;
-                (Some(b), c)
-            }
-            Source::Odd(why) => (None, Composition::Not(why)),
-            Source::Absent => (None, Composition::Not("no build".into())),
-        };
+    for (i, (roles, build, got)) in read.into_iter().enumerate() {
         let entry = match (got, &kept) {
             (Composition::Published(plan), _) => {
                 let build = build.clone().unwrap_or_default();
                 let differs = !matches!(&kept, Ok(Some(k)) if k.build == build && k.plan == plan);
-                if i == 0 && differs {
+                if keeping && i == 0 && differs {
                     to_keep = Some(Kept { build: build.clone(), plan: plan.clone() });
                 }
                 Entry { roles, build: Some(build.clone()), state: State::Planned, reason: None, plan: Some((build, plan)) }

@@ -90,7 +90,7 @@ fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
     let Some(domain) = registry::lookup(&need.kind) else {
         return Resolved::Unanswered(format!("no domain answers the kind {:?}", need.kind));
     };
-    match fill(&domain, node, module, &need.name) {
+    match fill(domain, node, module, &need.name) {
         Ok(at) => Resolved::At(at),
         Err(why) => Resolved::Malformed(why),
     }

@@ -97,7 +97,7 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
     }
     let mut report = Report::default();
     for (node, module) in pairs {
-        let p = plan::compute(env, &node, &module)?;
+        let p = plan::compute(env, &node, &module, true)?;
         report.computed += 1;
         if let Some(k) = &p.to_keep {
             match env.save_plan(&node, &module, &k.to_bytes(&node, &module)) {

@@ -25,8 +25,13 @@ pub struct Domain {
 const PLACEMENT: &str = "mesh-controller_assignments";
 const PLACEMENT_KEY: &str = "<node>.<module>";
 
-/// The table, in kind order.
-pub fn table() -> Vec<Domain> {
+/// The table, in kind order, built once.
+pub fn table() -> &'static [Domain] {
+    static TABLE: std::sync::OnceLock<Vec<Domain>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(build)
+}
+
+fn build() -> Vec<Domain> {
     use Answer::*;
     let bucket = |bucket, key| Bucket { bucket, key, collection: None };
     let collection = |name: &'static str, key| Bucket { bucket: crate::keys::COLLECT, key, collection: Some(name) };
@@ -56,8 +61,8 @@ pub fn table() -> Vec<Domain> {
 }
 
 /// The domain answering `kind`, if any.
-pub fn lookup(kind: &str) -> Option<Domain> {
-    table().into_iter().find(|d| d.kind == kind)
+pub fn lookup(kind: &str) -> Option<&'static Domain> {
+    table().iter().find(|d| d.kind == kind)
 }
 
 impl Domain {
