@@ -8,12 +8,15 @@
 //! the reason, or `waiting` when no plan was ever kept (or the kept one cannot be read). The
 //! module's state is its first entry's. Odd values are reasons, never dropped and never a panic.
 
-use serde_json::{json, Map, Value};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::env::{Env, HostError};
 use crate::escape::{identifier_problem, shorten};
 use crate::keys::{composed, APPLIED, ASSIGNMENTS, BUILDS};
 use crate::provision;
+use crate::value::{push_str, Obj};
 
 /// The version of the kept-plan contents this guest writes and reads.
 pub const KEPT_FORMAT: u64 = 1;
@@ -44,41 +47,85 @@ enum Source {
     Odd(String),
 }
 
+/// A plan as composed: its JSON text, passed through untouched, and its needs read out.
+#[derive(Debug, Clone)]
+pub struct Body {
+    pub raw: Box<RawValue>,
+    pub needs: Vec<Value>,
+}
+
+impl PartialEq for Body {
+    fn eq(&self, other: &Body) -> bool {
+        self.raw.get() == other.raw.get()
+    }
+}
+
+impl Body {
+    /// Reads a plan: an object whose `needs`, if present, is a list.
+    pub fn parse(raw: Box<RawValue>) -> Result<Body, String> {
+        #[derive(Deserialize)]
+        struct Shape {
+            needs: Option<Value>,
+        }
+        if !raw.get().starts_with('{') {
+            return Err("the plan is not an object".into());
+        }
+        let shape: Shape = serde_json::from_str(raw.get()).map_err(|e| format!("the plan cannot be read: {e}"))?;
+        let needs = match shape.needs {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(n)) => n,
+            Some(_) => return Err("its plan's `needs` is not a list".into()),
+        };
+        Ok(Body { raw, needs })
+    }
+}
+
 /// The plan last kept for a module.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kept {
     pub build: String,
-    pub plan: Value,
+    pub plan: Body,
 }
 
 impl Kept {
     pub fn to_bytes(&self, node: &str, module: &str) -> Vec<u8> {
-        json!({ "format": KEPT_FORMAT, "node": node, "module": module, "build": self.build, "plan": self.plan })
-            .to_string()
-            .into_bytes()
+        let mut out = String::with_capacity(self.plan.raw.get().len() + 96);
+        let mut o = Obj::new(&mut out);
+        o.raw("format", &KEPT_FORMAT.to_string()).str("node", node).str("module", module).str("build", &self.build).raw("plan", self.plan.raw.get());
+        o.end();
+        out.into_bytes()
     }
 
     /// Reads kept bytes back, refusing another module's plan or another format.
     pub fn from_bytes(bytes: &[u8], node: &str, module: &str) -> Result<Kept, String> {
-        let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("the kept plan is not JSON: {e}"))?;
-        match v.get("format").and_then(Value::as_u64) {
+        #[derive(Deserialize)]
+        struct File {
+            format: Option<Value>,
+            node: Option<Value>,
+            module: Option<Value>,
+            build: Option<Value>,
+            plan: Option<Box<RawValue>>,
+        }
+        let f: File = serde_json::from_slice(bytes).map_err(|e| format!("the kept plan is not JSON: {e}"))?;
+        match f.format.as_ref().and_then(Value::as_u64) {
             Some(KEPT_FORMAT) => {}
             Some(other) => return Err(format!("the kept plan is in format {other}; this guest reads format {KEPT_FORMAT}")),
             None => return Err("the kept plan names no format".into()),
         }
-        if v.get("node").and_then(Value::as_str) != Some(node) || v.get("module").and_then(Value::as_str) != Some(module) {
+        if f.node.as_ref().and_then(Value::as_str) != Some(node) || f.module.as_ref().and_then(Value::as_str) != Some(module) {
             return Err(format!("the kept plan of {node}/{module} names another module"));
         }
-        let build = v.get("build").and_then(Value::as_str).ok_or("the kept plan names no build")?;
-        let plan = v.get("plan").filter(|p| p.is_object()).ok_or("the kept plan holds no plan object")?;
-        Ok(Kept { build: build.to_string(), plan: plan.clone() })
+        let build = f.build.as_ref().and_then(Value::as_str).ok_or("the kept plan names no build")?;
+        let plan = f.plan.ok_or("the kept plan holds no plan object")?;
+        let plan = Body::parse(plan).map_err(|_| "the kept plan holds no plan object".to_string())?;
+        Ok(Kept { build: build.to_string(), plan })
     }
 }
 
 /// What the composition of one build says.
 #[derive(Debug, Clone, PartialEq)]
 enum Composition {
-    Published(Value),
+    Published(Body),
     /// Refused, not yet published, or unreadable: the reason.
     Not(String),
 }
@@ -92,7 +139,7 @@ pub struct Entry {
     pub state: State,
     pub reason: Option<String>,
     /// The plan given: this build's, or the kept one's (`plan_build` says which).
-    pub plan: Option<(String, Value)>,
+    pub plan: Option<(String, Body)>,
 }
 
 /// A module's plan, computed.
@@ -130,26 +177,35 @@ fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<Source,
 }
 
 fn composition(env: &dyn Env, node: &str, module: &str, build: &str) -> Result<Composition, HostError> {
+    #[derive(Deserialize)]
+    struct Composed {
+        state: Option<Value>,
+        reason: Option<Value>,
+        plan: Option<Box<RawValue>>,
+    }
     let bucket = composed(node);
     let key = format!("{module}.{build}");
     let Some(e) = env.get(&bucket, &key)? else {
         return Ok(Composition::Not(format!("the composition of {module} at {build} is not yet published")));
     };
     let odd = |why: String| Ok(Composition::Not(format!("the composition of {module} at {build} cannot be read: {why}")));
-    let v: Value = match serde_json::from_slice(&e.value) {
-        Ok(v) => v,
+    if !e.value.trim_ascii_start().starts_with(b"{") {
+        return odd("not a JSON object".into());
+    }
+    let c: Composed = match serde_json::from_slice(&e.value) {
+        Ok(c) => c,
         Err(err) => return odd(format!("not JSON ({err})")),
     };
-    match v.get("state").and_then(Value::as_str) {
-        Some("published") => match v.get("plan") {
-            Some(p @ Value::Object(_)) => match p.get("needs") {
-                None | Some(Value::Array(_)) => Ok(Composition::Published(p.clone())),
-                Some(_) => odd("its plan's `needs` is not a list".into()),
+    match c.state.as_ref().and_then(Value::as_str) {
+        Some("published") => match c.plan {
+            Some(p) if p.get().starts_with('{') => match Body::parse(p) {
+                Ok(body) => Ok(Composition::Published(body)),
+                Err(why) => odd(why),
             },
             _ => odd("published without a plan object".into()),
         },
         Some("refused") => {
-            let why = v.get("reason").and_then(Value::as_str).unwrap_or("no reason given");
+            let why = c.reason.as_ref().and_then(Value::as_str).unwrap_or("no reason given");
             Ok(Composition::Not(format!("the composition of {module} at {build} was refused: {why}")))
         }
         Some(other) => odd(format!("state {:?} is neither published nor refused", shorten(other))),
@@ -258,56 +314,70 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     })
 }
 
-/// The provisions of a plan's needs, in the plan's order.
-pub fn provisions(node: &str, module: &str, plan: &Value) -> Vec<Value> {
-    let Some(needs) = plan.get("needs").and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    needs
-        .iter()
-        .map(|raw| match provision::need(raw) {
-            Ok(n) => provision::provision(node, module, &n),
-            Err(why) => provision::malformed(raw, &why),
-        })
-        .collect()
+/// Appends the provisions of a plan's needs to `out` as a JSON list, in the plan's order.
+pub fn push_provisions(out: &mut String, node: &str, module: &str, plan: &Body) {
+    out.push('[');
+    for (i, raw) in plan.needs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match provision::need(raw) {
+            Ok(n) => provision::provision(out, node, module, &n),
+            Err(why) => provision::malformed(out, raw, &why),
+        }
+    }
+    out.push(']');
 }
 
 impl Plan {
-    /// The answer of the verb `mesh-provisioner.plan`.
-    pub fn to_json(&self) -> Value {
-        let mut v = Map::new();
-        v.insert("node".into(), json!(self.node));
-        v.insert("module".into(), json!(self.module));
-        v.insert("state".into(), json!(self.state.name()));
+    /// The answer of the verb `mesh-provisioner.plan`, as JSON text.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let mut o = Obj::new(&mut out);
+        o.str("node", &self.node).str("module", &self.module).str("state", self.state.name());
         if let Some(r) = &self.reason {
-            v.insert("reason".into(), json!(r));
+            o.str("reason", r);
         }
         for (field, b) in [("want", &self.want), ("have", &self.have), ("newest", &self.newest)] {
             if let Some(b) = b {
-                v.insert(field.into(), json!(b));
+                o.str(field, b);
             }
         }
-        let entries: Vec<Value> = self
-            .entries
-            .iter()
-            .map(|e| {
-                let mut o = Map::new();
-                o.insert("as".into(), json!(e.roles));
-                o.insert("build".into(), json!(e.build));
-                o.insert("state".into(), json!(e.state.name()));
+        o.with("entries", |out| {
+            out.push('[');
+            for (i, e) in self.entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let mut o = Obj::new(out);
+                o.with("as", |out| {
+                    out.push('[');
+                    for (j, r) in e.roles.iter().enumerate() {
+                        if j > 0 {
+                            out.push(',');
+                        }
+                        push_str(out, r);
+                    }
+                    out.push(']');
+                });
+                match &e.build {
+                    Some(b) => o.str("build", b),
+                    None => o.raw("build", "null"),
+                };
+                o.str("state", e.state.name());
                 if let Some(r) = &e.reason {
-                    o.insert("reason".into(), json!(r));
+                    o.str("reason", r);
                 }
                 if let Some((build, plan)) = &e.plan {
-                    o.insert("plan_build".into(), json!(build));
-                    o.insert("plan".into(), plan.clone());
-                    o.insert("provisions".into(), Value::Array(provisions(&self.node, &self.module, plan)));
+                    o.str("plan_build", build).raw("plan", plan.raw.get());
+                    o.with("provisions", |out| push_provisions(out, &self.node, &self.module, plan));
                 }
-                Value::Object(o)
-            })
-            .collect();
-        v.insert("entries".into(), Value::Array(entries));
-        Value::Object(v)
+                o.end();
+            }
+            out.push(']');
+        });
+        o.end();
+        out
     }
 }
 
@@ -317,7 +387,8 @@ mod tests {
 
     #[test]
     fn reads_back_what_it_keeps_and_refuses_another_format_or_module() {
-        let k = Kept { build: "b7".into(), plan: json!({"needs":[]}) };
+        let raw = RawValue::from_string(r#"{"needs":[]}"#.into()).unwrap();
+        let k = Kept { build: "b7".into(), plan: Body::parse(raw).unwrap() };
         let bytes = k.to_bytes("alpha", "app");
         assert_eq!(Kept::from_bytes(&bytes, "alpha", "app").unwrap(), k);
         assert!(Kept::from_bytes(&bytes, "alpha", "web").unwrap_err().contains("another module"));

@@ -8,10 +8,11 @@
 //! `filter` rather than a `key`. A kind no domain answers is `unanswered`; a need whose name does
 //! not fit its kind is `malformed` with the reason. No need is dropped.
 
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use crate::escape::{encode, identifier_problem, shorten, MAX_NAME_BYTES};
 use crate::registry::{self, Answer, Domain};
+use crate::value::Obj;
 
 /// One need of a plan, as the composition lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,35 +43,44 @@ pub fn need(v: &Value) -> Result<Need, String> {
     })
 }
 
-/// The provision of one need of `module` on `node`.
-pub fn provision(node: &str, module: &str, need: &Need) -> Value {
-    let mut p = Map::new();
-    p.insert("kind".into(), json!(need.kind));
-    p.insert("name".into(), json!(need.name));
+/// Appends the provision of one need of `module` on `node` to `out`, as a JSON object.
+pub fn provision(out: &mut String, node: &str, module: &str, need: &Need) {
+    let mut o = Obj::new(out);
+    o.str("kind", &need.kind).str("name", &need.name);
     if let Some(part) = &need.part {
-        p.insert("part".into(), json!(part));
+        o.str("part", part);
     }
     match resolve(node, module, need) {
-        Resolved::At(fields) => p.extend(fields),
+        Resolved::Verb { domain, verb } => {
+            o.str("domain", domain).str("verb", verb);
+        }
+        Resolved::Bucket { domain, bucket, collection, place, wild } => {
+            o.str("domain", &domain).str("bucket", &bucket);
+            if let Some(c) = &collection {
+                o.str("collection", c);
+            }
+            o.str(if wild { "filter" } else { "key" }, &place);
+        }
         Resolved::Unanswered(reason) => {
-            p.insert("unanswered".into(), json!(true));
-            p.insert("reason".into(), json!(reason));
+            o.raw("unanswered", "true").str("reason", &reason);
         }
         Resolved::Malformed(reason) => {
-            p.insert("malformed".into(), json!(true));
-            p.insert("reason".into(), json!(reason));
+            o.raw("malformed", "true").str("reason", &reason);
         }
     }
-    Value::Object(p)
+    o.end();
 }
 
-/// The provision of a need the plan lists in a shape that cannot be read.
-pub fn malformed(raw: &Value, reason: &str) -> Value {
-    json!({ "need": raw, "malformed": true, "reason": reason })
+/// Appends the provision of a need the plan lists in a shape that cannot be read.
+pub fn malformed(out: &mut String, raw: &Value, reason: &str) {
+    let mut o = Obj::new(out);
+    o.raw("need", &raw.to_string()).raw("malformed", "true").str("reason", reason);
+    o.end();
 }
 
 enum Resolved {
-    At(Map<String, Value>),
+    Verb { domain: &'static str, verb: &'static str },
+    Bucket { domain: String, bucket: String, collection: Option<String>, place: String, wild: bool },
     Unanswered(String),
     Malformed(String),
 }
@@ -90,13 +100,11 @@ fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
     let Some(domain) = registry::lookup(&need.kind) else {
         return Resolved::Unanswered(format!("no domain answers the kind {:?}", need.kind));
     };
-    match fill(domain, node, module, &need.name) {
-        Ok(at) => Resolved::At(at),
-        Err(why) => Resolved::Malformed(why),
-    }
+    fill(domain, node, module, &need.name).unwrap_or_else(Resolved::Malformed)
 }
 
 /// What a need's name fills in a domain's shapes.
+#[derive(Default)]
 struct Filled {
     provider: Option<String>,
     provision: Option<String>,
@@ -122,21 +130,45 @@ fn split_bound(kind: &str, name: &str) -> Result<Filled, String> {
     })
 }
 
-fn fill(domain: &Domain, node: &str, module: &str, name: &str) -> Result<Map<String, Value>, String> {
-    let mut out = Map::new();
-    let (bucket, key, collection) = match &domain.answer {
-        Answer::Verb(verb) => {
-            out.insert("domain".into(), json!(domain.owner));
-            out.insert("verb".into(), json!(verb));
-            return Ok(out);
+/// Fills a shape's `<slot>`s with `value(slot)`; a slot with no value becomes `*` (and
+/// `wild` is set). `[.<local>]` is `.<local>` when there is a local, else nothing.
+fn subst(template: &str, value: impl Fn(&str) -> Option<String>, wild: &mut bool) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut rest = template;
+    while let Some(open) = rest.find(['<', '[']) {
+        out.push_str(&rest[..open]);
+        rest = &rest[open..];
+        if let Some(after) = rest.strip_prefix("[.<local>]") {
+            if let Some(l) = value("local") {
+                out.push('.');
+                out.push_str(&l);
+            }
+            rest = after;
+            continue;
         }
+        let Some(close) = rest.find('>') else { break };
+        match value(&rest[1..close]) {
+            Some(v) => out.push_str(&v),
+            None => {
+                out.push('*');
+                *wild = true;
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result<Resolved, String> {
+    let (bucket, key, collection) = match &domain.answer {
+        Answer::Verb(verb) => return Ok(Resolved::Verb { domain: domain.owner, verb }),
         Answer::Bucket { bucket, key, collection } => (*bucket, *key, *collection),
     };
-    let names_provider = bucket.contains("<provider>") || key.contains("<provision>");
-    let filled = if names_provider {
+    let filled = if bucket.contains("<provider>") || key.contains("<provision>") {
         split_bound(domain.kind, name)?
     } else {
-        Filled { provider: None, provision: None, local: None }
+        Filled::default()
     };
     // A domain with a collection of its own (`shell`) reads that one; `collected` reads the
     // collection its need names.
@@ -145,50 +177,35 @@ fn fill(domain: &Domain, node: &str, module: &str, name: &str) -> Result<Map<Str
         None if key.contains("<collection>") => Some(name.to_string()),
         None => None,
     };
-    let owner = match (&filled.provider, domain.owner) {
+    let value = |slot: &str| match slot {
+        "node" => Some(node.to_string()),
+        "module" => Some(module.to_string()),
+        "name" => Some(encode(name)),
+        "provider" => filled.provider.clone(),
+        "provision" => filled.provision.clone(),
+        "local" => filled.local.clone(),
+        "collection" => collection.as_deref().map(encode),
+        _ => None,
+    };
+    let mut wild = false;
+    let bucket = subst(bucket, value, &mut wild);
+    let place = subst(key, value, &mut wild);
+    let domain = match (&filled.provider, domain.owner) {
         (Some(p), "<provider>") => p.clone(),
         (_, owner) => owner.to_string(),
     };
-    let mut wild = false;
-    let mut subst = |template: &str| -> String {
-        let mut s = template.replace("[.<local>]", &filled.local.as_ref().map(|l| format!(".{l}")).unwrap_or_default());
-        for (slot, value) in [
-            ("<node>", Some(node.to_string())),
-            ("<module>", Some(module.to_string())),
-            ("<name>", Some(encode(name))),
-            ("<provider>", filled.provider.clone()),
-            ("<provision>", filled.provision.clone()),
-            ("<collection>", collection.as_deref().map(encode)),
-        ] {
-            if let Some(v) = value {
-                s = s.replace(slot, &v);
-            }
-        }
-        // Whatever is left is not the need's to fill: any value of it.
-        while let Some(open) = s.find('<') {
-            let Some(len) = s[open..].find('>') else { break };
-            s.replace_range(open..open + len + 1, "*");
-            wild = true;
-        }
-        s
-    };
-    let bucket = subst(bucket);
-    let key = subst(key);
-    out.insert("domain".into(), json!(owner));
-    out.insert("bucket".into(), json!(bucket));
-    if let Some(c) = collection {
-        out.insert("collection".into(), json!(c));
-    }
-    out.insert(if wild { "filter" } else { "key" }.into(), json!(key));
-    Ok(out)
+    Ok(Resolved::Bucket { domain, bucket, collection, place, wild })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn at(kind: &str, name: &str) -> Value {
-        provision("alpha", "app", &Need { kind: kind.into(), name: name.into(), part: None })
+        let mut out = String::new();
+        provision(&mut out, "alpha", "app", &Need { kind: kind.into(), name: name.into(), part: None });
+        serde_json::from_str(&out).expect("a provision is JSON")
     }
 
     #[test]

@@ -30,6 +30,54 @@ pub fn push_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Writes one JSON object field by field, straight into a string: answers are rendered without
+/// building a tree of values first.
+pub struct Obj<'a> {
+    out: &'a mut String,
+    first: bool,
+}
+
+impl<'a> Obj<'a> {
+    pub fn new(out: &'a mut String) -> Self {
+        out.push('{');
+        Obj { out, first: true }
+    }
+
+    fn key(&mut self, k: &str) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        push_str(self.out, k);
+        self.out.push(':');
+    }
+
+    /// A string field.
+    pub fn str(&mut self, k: &str, v: &str) -> &mut Self {
+        self.key(k);
+        push_str(self.out, v);
+        self
+    }
+
+    /// A field whose value is already JSON text.
+    pub fn raw(&mut self, k: &str, json: &str) -> &mut Self {
+        self.key(k);
+        self.out.push_str(json);
+        self
+    }
+
+    /// A field whose value `f` writes.
+    pub fn with(&mut self, k: &str, f: impl FnOnce(&mut String)) -> &mut Self {
+        self.key(k);
+        f(self.out);
+        self
+    }
+
+    pub fn end(self) {
+        self.out.push('}');
+    }
+}
+
 /// Appends `,"value":…` (and `,"encoding":…` when the bytes are not JSON) to `out`.
 pub fn push_value(out: &mut String, bytes: &[u8]) {
     out.push_str(",\"value\":");

@@ -166,7 +166,7 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
 /// The plan of `module` on `node`, whole: a plan is not paged, so one too large for a reply is
 /// an error that says so.
 fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply, HostError> {
-    let body = crate::plan::compute(env, node, module, false)?.to_json().to_string().into_bytes();
+    let body = crate::plan::compute(env, node, module, false)?.render().into_bytes();
     if body.len() > budget {
         let why = format!("the plan of {module} on {node} is {} bytes, more than a reply may hold ({budget})", body.len());
         return Ok(Reply::error(Code::Internal, &why));

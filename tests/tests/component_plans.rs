@@ -135,8 +135,10 @@ async fn a_kept_plan_of_another_module_or_format_is_not_used() {
 #[tokio::test]
 async fn odd_compositions_and_sources_hold_or_wait_with_a_reason() {
     let b = MemoryBackend::new();
-    let cases: [(&str, &[u8], &str); 6] = [
-        ("a1", b"not json", "not JSON"),
+    let cases: [(&str, &[u8], &str); 8] = [
+        ("a1", b"not json", "not a JSON object"),
+        ("a0", br#"{"state":"published","plan":{"needs":[]}"#, "not JSON"),
+        ("a7", br#"{"state":"published","plan":[]}"#, "without a plan object"),
         ("a2", br#"{"state":"published"}"#, "without a plan object"),
         ("a3", br#"{"state":"published","plan":{"needs":{"kind":"config"}}}"#, "`needs` is not a list"),
         ("a4", br#"{"state":"drafted"}"#, "neither published nor refused"),
