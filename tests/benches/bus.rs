@@ -100,38 +100,60 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
     }
 }
 
-async fn measure(label: &str, c: &Client, query: &[u8]) {
+/// The verb `verb` against both echoes, at p50 and p99, then under 32 requesters.
+async fn measure(label: &str, c: &Client, verb: &str, query: &[u8]) {
     let n = 3000;
     let _ = latencies(c, "bench.echo", query, 200).await;
     let _ = latencies(c, "bench.echo-process", query, 200).await;
-    let _ = latencies(c, "mesh-provisioner.provisioning", query, 200).await;
+    let _ = latencies(c, verb, query, 200).await;
     let mut other = latencies(c, "bench.echo-process", query, n).await;
     let (o50, o99) = (pct(&mut other, 0.5), pct(&mut other, 0.99));
     let mut echo = latencies(c, "bench.echo", query, n).await;
-    let mut verb = latencies(c, "mesh-provisioner.provisioning", query, n).await;
-    let (e50, e99, v50, v99) = (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut verb, 0.5), pct(&mut verb, 0.99));
+    let mut times = latencies(c, verb, query, n).await;
+    let (e50, e99, v50, v99) = (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut times, 0.5), pct(&mut times, 0.99));
     println!(
         "{label}: echo p50 {:.0} µs p99 {:.0} µs | verb p50 {:.0} µs ({:.2}× echo) p99 {:.0} µs ({:.2}× echo)",
         e50.as_secs_f64() * 1e6, e99.as_secs_f64() * 1e6,
         v50.as_secs_f64() * 1e6, v50.as_secs_f64() / e50.as_secs_f64(),
         v99.as_secs_f64() * 1e6, v99.as_secs_f64() / e99.as_secs_f64()
     );
-    let mut verb = latencies(c, "mesh-provisioner.provisioning", query, n).await;
-    let v50 = pct(&mut verb, 0.5);
+    let mut times = latencies(c, verb, query, n).await;
+    let v50 = pct(&mut times, 0.5);
     println!(
         "{label}: echo in a process of its own p50 {:.0} µs p99 {:.0} µs | verb p50 {:.2}× that echo",
         o50.as_secs_f64() * 1e6, o99.as_secs_f64() * 1e6, v50.as_secs_f64() / o50.as_secs_f64()
     );
     let d = Duration::from_secs(3);
     let et = throughput(c, "bench.echo", query, 32, d).await;
-    let vt = throughput(c, "mesh-provisioner.provisioning", query, 32, d).await;
+    let vt = throughput(c, verb, query, 32, d).await;
     println!("{label}: 32 requesters: echo {et:.0} req/s, verb {vt:.0} req/s ({:.2}× echo)", vt / et);
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS");
     let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap_or_default();
+    let endpoint = stats["endpoints"].as_array().into_iter().flatten().find(|e| e["subject"] == verb).cloned().unwrap_or_default();
     println!(
         "{label}: host time per request, receipt to reply sent ($SRV.STATS average): {:.0} µs",
-        stats["endpoints"][0]["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
+        endpoint["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
     );
+}
+
+/// The plan inputs of alpha/m000420, each written by the user that owns its bucket.
+async fn plan_inputs(bus: &Bus) {
+    let kinds = ["config", "secret", "bound", "dir", "port", "collected", "shell", "consumers", "seat", "widget"];
+    let needs: Vec<_> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| serde_json::json!({"kind": k, "name": if *k == "bound" { "postgres.db".to_string() } else { format!("name{i}") }, "part": "api"}))
+        .collect();
+    let composed = serde_json::json!({"state": "published", "plan": {"parts": ["api"], "needs": needs, "dirs": []}}).to_string();
+    for (user, bucket) in [("node-alpha", "composed-alpha"), ("mesh-controller", "mesh-controller_assignments"), ("mesh-indexer", "mesh-indexer_builds")] {
+        let js = bus.js(user).await;
+        js.create_key_value(async_nats::jetstream::kv::Config { bucket: bucket.into(), ..Default::default() }).await.expect("create bucket");
+    }
+    bus.put("node-alpha", "composed-alpha", "m000420.b1", composed.as_bytes()).await;
+    bus.put("node-alpha", "composed-alpha", "m000420.b2", composed.as_bytes()).await;
+    bus.put("mesh-controller", "mesh-controller_assignments", "alpha.m000420", br#"{"want":"b1"}"#).await;
+    bus.put("mesh-indexer", "mesh-indexer_builds", "m000420", br#"{"newest":"b2"}"#).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 #[tokio::main]
@@ -172,7 +194,15 @@ async fn main() {
     let mut raw = fill(&bus, "alpha", 0, 1000).await;
     wait_for(&c, "alpha", 999).await;
     println!("needs at 10 000 keys (host RSS {} MiB)", rss_kib(pid) / 1024);
-    measure("10k", &c, query).await;
+    measure("10k", &c, "mesh-provisioner.provisioning", query).await;
+
+    // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
+    plan_inputs(&bus).await;
+    let plan_query = br#"{"node":"alpha","module":"m000420"}"#;
+    let (_, plan) = tests::nats::ask_verb(&c, "mesh-provisioner.plan", plan_query).await.expect("the plan verb answers");
+    assert_eq!(plan["state"], "planned", "{plan}");
+    println!("plan of one module: 2 builds, 10 needs each ({} bytes)", plan.to_string().len());
+    measure("plan", &c, "mesh-provisioner.plan", plan_query).await;
 
     let per_node = large / 10 / 3;
     let t = Instant::now();
@@ -182,7 +212,7 @@ async fn main() {
     wait_for(&c, "gamma", per_node + (large / 10) % 3 - 1).await;
     let keys = (per_node * 2 + per_node + (large / 10) % 3) * 10;
     println!("needs at {keys} keys (written and mirrored in {:.1} s)", t.elapsed().as_secs_f64());
-    measure(&format!("{}k", keys / 1000), &c, query).await;
+    measure(&format!("{}k", keys / 1000), &c, "mesh-provisioner.provisioning", query).await;
     let rss1 = rss_kib(pid);
     println!(
         "host RSS: {} MiB before filling, {} MiB with {keys} keys mirrored; raw keys+values {} MiB; growth / raw = {:.2}×, total / raw = {:.2}×",

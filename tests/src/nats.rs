@@ -241,8 +241,17 @@ pub async fn ask_raw(client: &Client, body: &[u8]) -> Result<(Option<String>, Va
 /// As [`ask_raw`], waiting at most `timeout`: a request in flight to a responder that dies is
 /// lost, and a client retries it.
 pub async fn ask_within(client: &Client, body: &[u8], timeout: Duration) -> Result<(Option<String>, Value), String> {
+    ask_verb_within(client, "mesh-provisioner.provisioning", body, timeout).await
+}
+
+/// One request of `verb` (`mesh-provisioner.plan`, …): the error-code header and the JSON body.
+pub async fn ask_verb(client: &Client, verb: &str, body: &[u8]) -> Result<(Option<String>, Value), String> {
+    ask_verb_within(client, verb, body, Duration::from_secs(5)).await
+}
+
+async fn ask_verb_within(client: &Client, verb: &str, body: &[u8], timeout: Duration) -> Result<(Option<String>, Value), String> {
     let req = async_nats::Request::new().payload(body.to_vec().into()).timeout(Some(timeout));
-    let msg = client.send_request("mesh-provisioner.provisioning", req).await.map_err(|e| e.to_string())?;
+    let msg = client.send_request(verb.to_string(), req).await.map_err(|e| e.to_string())?;
     let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
     let v = serde_json::from_slice(&msg.payload).map_err(|e| format!("not JSON ({e}): {:?}", msg.payload))?;
     Ok((code, v))

@@ -36,10 +36,7 @@ async fn write(bus: &Bus, step: &golden::Step) {
 }
 
 async fn ask_plan(client: &Client, body: &Value) -> (Option<String>, Value) {
-    let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(Duration::from_secs(5)));
-    let msg = client.send_request("mesh-provisioner.plan", req).await.expect("the plan verb answers");
-    let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
-    (code, serde_json::from_slice(&msg.payload).expect("the reply is JSON"))
+    tests::nats::ask_verb(client, "mesh-provisioner.plan", body.to_string().as_bytes()).await.expect("the plan verb answers")
 }
 
 /// Asks every pinned plan until they all equal the golden step (plans follow changes a moment
