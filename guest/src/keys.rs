@@ -129,19 +129,21 @@ pub fn parse_need(key: &str) -> Result<NeedKey, String> {
     Ok(NeedKey { node: next(), module: next(), kind: next(), name: next() })
 }
 
-pub fn parse_applied(key: &str) -> Result<AppliedKey, String> {
+/// `<node>.<module>`, as the bucket `what` keys it.
+fn node_module(key: &str, what: &str) -> Result<AppliedKey, String> {
     let shape = [Token::Ident("node"), Token::Ident("module")];
-    let mut t = split(key, "applied", &shape, 0)?.into_iter();
+    let mut t = split(key, what, &shape, 0)?.into_iter();
     let mut next = || t.next().unwrap_or_default();
     Ok(AppliedKey { node: next(), module: next() })
 }
 
+pub fn parse_applied(key: &str) -> Result<AppliedKey, String> {
+    node_module(key, "applied")
+}
+
 /// An assignment key has the applied shape, `<node>.<module>`.
 pub fn parse_assignment(key: &str) -> Result<AppliedKey, String> {
-    let shape = [Token::Ident("node"), Token::Ident("module")];
-    let mut t = split(key, "assignment", &shape, 0)?.into_iter();
-    let mut next = || t.next().unwrap_or_default();
-    Ok(AppliedKey { node: next(), module: next() })
+    node_module(key, "assignment")
 }
 
 pub fn parse_composed(key: &str) -> Result<ComposedKey, String> {

@@ -21,6 +21,16 @@ const REFRESH_DEADLINE: Duration = Duration::from_secs(30);
 /// Wait before retrying a refresh that failed.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// The first lines of a list, for the log; a long list ends with how many more there are.
+fn first(lines: &[String]) -> Vec<String> {
+    const SHOWN: usize = 10;
+    let mut out: Vec<String> = lines.iter().take(SHOWN).cloned().collect();
+    if lines.len() > SHOWN {
+        out.push(format!("… and {} more", lines.len() - SHOWN));
+    }
+    out
+}
+
 pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: Arc<Changes>, limits: Limits) {
     let limits = Limits { deadline: limits.deadline.max(REFRESH_DEADLINE), ..limits };
     let mut swapped = current.subscribe();
@@ -57,10 +67,13 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
         let failed = match loaded.guest.refresh(backend.clone(), limits, &batch).await {
             Ok(Ok(r)) => {
                 let elapsed = started.elapsed();
-                if r.kept.is_empty() {
-                    tracing::debug!(changes = batch.len(), computed = r.computed, held = ?r.held, waiting = ?r.waiting, ?elapsed, "plans refreshed");
-                } else {
-                    tracing::info!(changes = batch.len(), computed = r.computed, kept = ?r.kept, held = r.held.len(), waiting = r.waiting.len(), ?elapsed, "plans refreshed");
+                tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), ?elapsed, "plans refreshed");
+                // What is held or waits, by name and reason (the first few; `query plan` has all).
+                for line in first(&r.held) {
+                    tracing::info!("held: {line}");
+                }
+                for line in first(&r.waiting) {
+                    tracing::info!("waiting: {line}");
                 }
                 false
             }

@@ -3,49 +3,14 @@
 //!
 //! `cargo bench -p tests --bench component` (after `cargo build -p guest --target wasm32-wasip2 --release`)
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest::env::{Entry, Env, HostError, Level, Page};
 use mesh_provisioner::backend::MemoryBackend;
 use mesh_provisioner::runtime::{Limits, Options, ReplyCode, Runtime};
+use tests::native::Native;
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const QUERY: &[u8] = br#"{"what":"needs","node":"n0420","module":"app"}"#;
-
-/// The logic's `Env` over the same in-memory mirrors the component reads through its imports.
-struct Native(Arc<MemoryBackend>);
-
-impl Env for Native {
-    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
-        let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
-        Ok(e.map(|e| Entry { key: e.key, revision: e.revision, value: e.value }))
-    }
-    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
-        let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
-        Ok(Page {
-            entries: p.entries.into_iter().map(|e| Entry { key: e.key, revision: e.revision, value: e.value }).collect(),
-            more: p.more,
-            revision: p.revision,
-        })
-    }
-    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
-        Err(HostError::NoResponders("none".into()))
-    }
-    fn log(&self, _: Level, _: &str) {}
-    fn load_plan(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>, HostError> {
-        Ok(None)
-    }
-    fn save_plan(&self, _: &str, _: &str, _: &[u8]) -> Result<(), HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

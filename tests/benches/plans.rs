@@ -7,50 +7,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest::env::{Entry, Env, HostError, Level, Page};
 use mesh_provisioner::backend::{Backend, MemoryBackend};
 use mesh_provisioner::kept::KeptPlans;
 use mesh_provisioner::runtime::{Change, Limits, ReplyCode, Runtime};
 use serde_json::json;
+use tests::native::Native;
 
 const NODES: [&str; 3] = ["alpha", "beta", "gamma"];
 const MODULES: usize = 1000;
 const CALLS: usize = 3000;
 const NEEDS_QUERY: &[u8] = br#"{"what":"needs","node":"alpha","module":"m0420"}"#;
-
-/// The plan logic's `Env` over the same in-memory mirrors and kept plans.
-struct Native(Arc<MemoryBackend>);
-
-impl Env for Native {
-    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
-        let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
-        Ok(e.map(|e| Entry { key: e.key, revision: e.revision, value: e.value }))
-    }
-    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
-        let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
-        Ok(Page {
-            entries: p.entries.into_iter().map(|e| Entry { key: e.key, revision: e.revision, value: e.value }).collect(),
-            more: p.more,
-            revision: p.revision,
-        })
-    }
-    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
-        Err(HostError::NoResponders("none".into()))
-    }
-    fn log(&self, _: Level, _: &str) {}
-    fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError> {
-        self.0.kept().load(node, module).map_err(|e| HostError::Corrupt(e.to_string()))
-    }
-    fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
-        self.0.kept().save(node, module, plan).map_err(|e| HostError::Unavailable(e.to_string()))
-    }
-}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

@@ -9,6 +9,7 @@ use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
 use serde_json::Value;
 
 pub mod golden;
+pub mod native;
 pub mod nats;
 
 /// The workspace's root. Read at run time (cargo sets it for tests and benches): a target

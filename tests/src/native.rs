@@ -1,0 +1,42 @@
+//! The guest's logic called natively (no wasm), over the same in-memory mirrors and kept plans
+//! the component reads through its imports: the baseline the benchmarks measure the component
+//! against. Read-only: registry writes are refused, requests find no responders.
+
+use std::sync::Arc;
+
+use guest::env::{Entry, Env, HostError, Level, Page};
+use mesh_provisioner::backend::{Backend, MemoryBackend};
+
+/// The logic's `Env` over a [`MemoryBackend`].
+pub struct Native(pub Arc<MemoryBackend>);
+
+fn entry(e: mesh_provisioner::mirror::Entry) -> Entry {
+    Entry { key: e.key, revision: e.revision, value: e.value }
+}
+
+impl Env for Native {
+    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
+        let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(e.map(entry))
+    }
+    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
+        let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
+        Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+    }
+    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
+        Err(HostError::Denied("read-only".into()))
+    }
+    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
+        Err(HostError::NoResponders("none".into()))
+    }
+    fn log(&self, _: Level, _: &str) {}
+    fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.0.kept().load(node, module).map_err(|e| HostError::Corrupt(e.to_string()))
+    }
+    fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
+        self.0.kept().save(node, module, plan).map_err(|e| HostError::Unavailable(e.to_string()))
+    }
+}
