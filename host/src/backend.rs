@@ -74,6 +74,14 @@ impl MemoryBackend {
             .clone()
     }
 
+    /// The buckets read or written so far, in name order.
+    pub fn buckets(&self) -> Vec<String> {
+        let m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = m.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// Writes as a node client would: a new revision, no check.
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> u64 {
         let _w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
