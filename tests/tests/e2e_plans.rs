@@ -66,6 +66,23 @@ async fn wait_for_step(client: &Client, mesh: &golden::Mesh, step: &str, host: &
     }
 }
 
+/// The modules whose first build's plan step 1 publishes, and step 2 then holds on.
+const KEPT_IN_STEP_1: [(&str, &str); 3] = [("alpha/app", "b8"), ("beta/web", "w3"), ("gamma/worker", "k1")];
+
+/// Waits until each module's kept plan in the host's state directory is of its build: the verb
+/// answers from the buckets at once, the plans follow (and are kept) a moment later.
+async fn wait_kept(host: &Host, modules: &[(&str, &str)]) {
+    let start = Instant::now();
+    for (m, build) in modules {
+        let file = host.state.path().join("plans").join(format!("{m}.plan"));
+        let of_build = format!("\"build\":\"{build}\"");
+        while !std::fs::read_to_string(&file).is_ok_and(|t| t.contains(&of_build)) {
+            assert!(start.elapsed() < Duration::from_secs(20), "{m}'s plan of {build} was not kept:\n{}", host.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Stops the host gracefully (it releases the seat), keeping its state directory.
 async fn stop_gracefully(mut host: Host) -> tempfile::TempDir {
     host.signal("TERM");
@@ -84,12 +101,7 @@ async fn plans_over_the_bus_match_the_golden_file_and_kept_plans_survive_a_resta
 
     write(&bus, &mesh.steps[0]).await;
     wait_for_step(&controller, &mesh, &mesh.steps[0].name, &host).await;
-    let alpha_plan = host.state.path().join("plans/alpha/app.plan");
-    let start = Instant::now();
-    while !alpha_plan.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "alpha/app's plan was not kept:\n{}", host.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_kept(&host, &KEPT_IN_STEP_1).await;
     let state = stop_gracefully(host).await;
 
     // The mesh moves while the host is down: the plans a refusal holds on can only come from
@@ -173,4 +185,41 @@ async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
     assert!(prov.get_key_value("composed-beta").await.unwrap().get("app.b1").await.unwrap().is_none());
     assert!(prov.get_key_value("composed-alpha").await.unwrap().get("app.b2").await.unwrap().is_none());
     assert!(prov.get_key_value("mesh-controller_assignments").await.unwrap().get("alpha.app").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_swapped_component_recomputes_every_plan_and_machine_placement_follows_its_table() {
+    let mesh = golden::mesh();
+    let bus = Bus::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let component = dir.path().join("guest.wasm");
+    tests::install(&tests::component_path(), &component);
+    let host = Host::start_with(&bus, tempfile::tempdir().unwrap(), &component, &[]).await;
+    create_buckets(&bus).await;
+    let controller = bus.client("mesh-controller").await;
+    // Step by step: a plan is kept only if it was current when the plans followed the change.
+    write(&bus, &mesh.steps[0]).await;
+    wait_for_step(&controller, &mesh, &mesh.steps[0].name, &host).await;
+    wait_kept(&host, &KEPT_IN_STEP_1).await;
+    write(&bus, &mesh.steps[1]).await;
+    wait_for_step(&controller, &mesh, &mesh.steps[1].name, &host).await;
+    // Step 2 is followed when gamma/metrics (published in it) is kept.
+    wait_kept(&host, &[("gamma/metrics", "m1")]).await;
+    let metrics = || async { ask_plan(&controller, &json!({"node": "gamma", "module": "metrics"})).await.1 };
+    let machine = metrics().await["entries"][0]["provisions"][1].clone();
+    assert_eq!(machine["bucket"], "mesh-controller_assignments", "{machine}");
+
+    // Forget what was kept, then swap in v2 (whose table drops `machine`): everything is
+    // recomputed once, so the first builds' plans are kept again without any bucket changing.
+    let plans = host.state.path().join("plans");
+    std::fs::remove_dir_all(&plans).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!plans.exists(), "the plans were quiet before the swap:\n{}", host.log_text());
+    tests::install(&tests::fixture("v2"), &component);
+    wait_kept(&host, &[("gamma/metrics", "m1")]).await;
+    assert!(!plans.join("gamma/worker.plan").exists(), "gamma/worker's first build (k3) is not published: nothing to keep");
+    assert_eq!(Host::info(&controller).await["component_version"], "0.2.0-fixture");
+    let machine = metrics().await["entries"][0]["provisions"][1].clone();
+    assert_eq!(machine["unanswered"], true, "v2 answers no `machine`: {machine}");
+    host.stop().await;
 }
