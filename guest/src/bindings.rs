@@ -127,7 +127,8 @@ impl api::Guest for Component {
     fn refresh(changes: Vec<api::Change>) -> Result<api::RefreshReport, types::HostError> {
         let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
         let r = crate::refresh::refresh(&Imports, &changes).map_err(wit_error)?;
-        Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting })
+        let rest = r.rest.into_iter().map(|(bucket, key)| api::Change { bucket, key }).collect();
+        Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting, rest })
     }
 }
 

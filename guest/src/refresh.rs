@@ -18,6 +18,9 @@ pub fn inputs() -> Vec<String> {
     vec![ASSIGNMENTS.into(), APPLIED.into(), BUILDS.into(), format!("{}*", keys::COMPOSED_PREFIX)]
 }
 
+/// Most plans one refresh computes; the modules beyond are handed back as changes.
+pub const MAX_PER_REFRESH: usize = 2000;
+
 /// What one refresh did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -25,6 +28,8 @@ pub struct Report {
     pub kept: Vec<String>,
     pub held: Vec<String>,
     pub waiting: Vec<String>,
+    /// Changes left for the next call: each a module's assignment key, which moves that module.
+    pub rest: Vec<(String, Option<String>)>,
 }
 
 type Pairs = BTreeSet<(String, String)>;
@@ -96,7 +101,8 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
         affected(env, bucket, key.as_deref(), &mut pairs)?;
     }
     let mut report = Report::default();
-    for (node, module) in pairs {
+    let mut pairs = pairs.into_iter();
+    for (node, module) in pairs.by_ref().take(MAX_PER_REFRESH) {
         let p = plan::compute(env, &node, &module, true)?;
         report.computed += 1;
         if let Some(k) = &p.to_keep {
@@ -112,5 +118,6 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
             State::Waiting => report.waiting.push(line()),
         }
     }
+    report.rest = pairs.map(|(node, module)| (ASSIGNMENTS.to_string(), Some(format!("{node}.{module}")))).collect();
     Ok(report)
 }

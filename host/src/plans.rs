@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::changes::Changes;
-use crate::current::Current;
-use crate::runtime::Limits;
+use crate::current::{Current, Loaded};
+use crate::runtime::{Change, Limits};
 
 /// Changes arriving this soon after the first are taken in the same refresh.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -29,6 +29,33 @@ fn first(lines: &[String]) -> Vec<String> {
         out.push(format!("… and {} more", lines.len() - SHOWN));
     }
     out
+}
+
+/// One refresh, logged; the changes left for another call, or `Err` when it failed.
+async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limits, batch: &[Change]) -> Result<Vec<Change>, ()> {
+    let started = std::time::Instant::now();
+    match loaded.guest.refresh(backend.clone(), limits, batch).await {
+        Ok(Ok(r)) => {
+            let elapsed = started.elapsed();
+            tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), rest = r.rest.len(), ?elapsed, "plans refreshed");
+            // What is held or waits, by name and reason (the first few; `query plan` has all).
+            for line in first(&r.held) {
+                tracing::info!("held: {line}");
+            }
+            for line in first(&r.waiting) {
+                tracing::info!("waiting: {line}");
+            }
+            Ok(r.rest)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("refreshing plans failed: {e}; retrying");
+            Err(())
+        }
+        Err(e) => {
+            tracing::warn!("the guest failed to refresh plans: {e}; retrying");
+            Err(())
+        }
+    }
 }
 
 pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: Arc<Changes>, limits: Limits) {
@@ -63,34 +90,19 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
         tokio::time::sleep(SETTLE).await;
         let mut batch = batch;
         batch.extend(changes.next_batch_now());
-        let started = std::time::Instant::now();
-        let failed = match loaded.guest.refresh(backend.clone(), limits, &batch).await {
-            Ok(Ok(r)) => {
-                let elapsed = started.elapsed();
-                tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), ?elapsed, "plans refreshed");
-                // What is held or waits, by name and reason (the first few; `query plan` has all).
-                for line in first(&r.held) {
-                    tracing::info!("held: {line}");
+        // One call computes a bounded slice of a large mesh; the rest it hands back is asked
+        // at once (each call is awaited, so the verbs are served in between).
+        while !batch.is_empty() {
+            batch = match refresh_once(&loaded, &backend, limits, &batch).await {
+                Ok(rest) => rest,
+                Err(()) => {
+                    for c in &batch {
+                        changes.record(&c.bucket, c.key.as_deref());
+                    }
+                    tokio::time::sleep(RETRY).await;
+                    break;
                 }
-                for line in first(&r.waiting) {
-                    tracing::info!("waiting: {line}");
-                }
-                false
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("refreshing plans failed: {e}; retrying");
-                true
-            }
-            Err(e) => {
-                tracing::warn!("the guest failed to refresh plans: {e}; retrying");
-                true
-            }
-        };
-        if failed {
-            for c in batch {
-                changes.record(&c.bucket, c.key.as_deref());
-            }
-            tokio::time::sleep(RETRY).await;
+            };
         }
     }
 }

@@ -255,3 +255,18 @@ async fn a_plan_too_large_for_a_reply_is_an_error_that_says_so() {
     assert!(v["error"]["message"].as_str().unwrap().contains("more than a reply may hold"), "{v}");
     assert!(reply.body.len() <= 4096);
 }
+
+#[tokio::test]
+async fn a_large_mesh_is_refreshed_a_bounded_slice_per_call_and_the_rest_handed_back() {
+    let b = MemoryBackend::new();
+    for m in 0..2500 {
+        b.put("mesh-controller_assignments", &format!("alpha.m{m:04}"), br#"{"want":"b1"}"#);
+        b.put("composed-alpha", &format!("m{m:04}.b1"), br#"{"state":"published","plan":{"needs":[]}}"#);
+    }
+    let first = refresh(&b, &[Change { bucket: "mesh-controller_assignments".into(), key: None }]).await;
+    assert_eq!((first.computed, first.kept.len(), first.rest.len()), (2000, 2000, 500));
+    assert_eq!(first.rest[0], Change { bucket: "mesh-controller_assignments".into(), key: Some("alpha.m2000".into()) });
+    let second = refresh(&b, &first.rest).await;
+    assert_eq!((second.computed, second.kept.len(), second.rest.len()), (500, 500, 0));
+    assert_eq!(second.kept.last().map(String::as_str), Some("alpha/m2499@b1"));
+}

@@ -256,6 +256,8 @@ pub struct RefreshReport {
     pub kept: Vec<String>,
     pub held: Vec<String>,
     pub waiting: Vec<String>,
+    /// Changes the guest left for a later call.
+    pub rest: Vec<Change>,
 }
 
 /// A bucket change reported to the guest; `key` none: the whole bucket.
@@ -409,7 +411,13 @@ impl Guest {
         };
         self.checkin(inst);
         Ok(r
-            .map(|r| RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting })
+            .map(|r| RefreshReport {
+                computed: r.computed,
+                kept: r.kept,
+                held: r.held,
+                waiting: r.waiting,
+                rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
+            })
             .map_err(|e| format!("{e:?}")))
     }
 
