@@ -1,6 +1,7 @@
 //! Hot replace of the guest (SPEC §9): a new component at the configured path (a write, an
 //! atomic rename, or SIGHUP) is read, digested, compiled (cached in the state directory by
-//! digest and engine), type-checked against the WIT, smoke-run in a scratch store with tight
+//! digest and engine), type-checked against the WIT, smoke-run in a scratch store (info, the
+//! registry, what plans depend on, a refresh of an empty mesh) with tight
 //! limits, then swapped in; calls in flight finish on the old one; the registry is reconciled
 //! with the new one. A component that fails any step is refused with its reason and the old one
 //! keeps serving.
@@ -35,9 +36,19 @@ pub async fn prepare(runtime: &Runtime, bytes: &[u8], cache: Option<&Path>, limi
     if info.wit_version != crate::WIT_VERSION {
         return Err(Error::new(ErrorKind::Guest, format!("built against {}, this host speaks {}", info.wit_version, crate::WIT_VERSION)));
     }
-    let rows = guest.compile_registry(scratch, smoke).await?;
+    let rows = guest.compile_registry(scratch.clone(), smoke).await?;
     if rows.is_empty() {
         return Err(Error::new(ErrorKind::Guest, "the component compiles an empty registry"));
+    }
+    // Plans are followed from the moment it serves: it must say what they depend on, and
+    // refresh an empty mesh.
+    let inputs = guest.plan_inputs(scratch.clone(), smoke).await?;
+    let Some(named) = inputs.into_iter().find(|b| !b.ends_with('*')) else {
+        return Err(Error::new(ErrorKind::Guest, "the component names no bucket plans depend on"));
+    };
+    let empty = [crate::runtime::Change { bucket: named, key: None }];
+    if let Err(e) = guest.refresh(scratch, smoke, &empty).await? {
+        return Err(Error::new(ErrorKind::Guest, format!("the component cannot refresh the plans of an empty mesh: {e}")));
     }
     Ok(Loaded { guest, info })
 }
