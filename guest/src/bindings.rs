@@ -125,6 +125,7 @@ impl api::Guest for Component {
     }
 
     fn refresh(changes: Vec<api::Change>) -> Result<api::RefreshReport, types::HostError> {
+        crate::fixture::at_refresh();
         let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
         let r = crate::refresh::refresh(&Imports, &changes).map_err(wit_error)?;
         let rest = r.rest.into_iter().map(|(bucket, key)| api::Change { bucket, key }).collect();

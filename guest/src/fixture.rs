@@ -12,6 +12,13 @@ pub fn at_start() {
     hoard();
 }
 
+/// Called first by `refresh`: a component whose plans cannot be followed.
+#[inline(always)]
+pub fn at_refresh() {
+    #[cfg(feature = "fixture-trap-at-refresh")]
+    core::arch::wasm32::unreachable();
+}
+
 /// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand, and
 /// `{"fixture":"probe"}` answers with what the sandbox lets it see. `Some` is a reply body.
 #[inline(always)]

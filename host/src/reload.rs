@@ -42,13 +42,17 @@ pub async fn prepare(runtime: &Runtime, bytes: &[u8], cache: Option<&Path>, limi
     }
     // Plans are followed from the moment it serves: it must say what they depend on, and
     // refresh an empty mesh.
-    let inputs = guest.plan_inputs(scratch.clone(), smoke).await?;
+    fn context(what: &'static str) -> impl Fn(Error) -> Error {
+        move |e| Error::new(e.kind(), format!("{what}: {e}"))
+    }
+    let inputs = guest.plan_inputs(scratch.clone(), smoke).await.map_err(context("asking what plans depend on"))?;
     let Some(named) = inputs.into_iter().find(|b| !b.ends_with('*')) else {
         return Err(Error::new(ErrorKind::Guest, "the component names no bucket plans depend on"));
     };
     let empty = [crate::runtime::Change { bucket: named, key: None }];
-    if let Err(e) = guest.refresh(scratch, smoke, &empty).await? {
-        return Err(Error::new(ErrorKind::Guest, format!("the component cannot refresh the plans of an empty mesh: {e}")));
+    let refreshed = guest.refresh(scratch, smoke, &empty).await.map_err(context("refreshing the plans of an empty mesh"))?;
+    if let Err(e) = refreshed {
+        return Err(Error::new(ErrorKind::Guest, format!("refreshing the plans of an empty mesh: {e}")));
     }
     Ok(Loaded { guest, info })
 }

@@ -106,6 +106,7 @@ async fn refuses_each_bad_component_and_keeps_serving_the_current_one() {
         ("trap-at-start", "trapped"),
         ("loop-at-start", "deadline"),
         ("alloc-at-start", "memory limit"),
+        ("trap-at-refresh", "refreshing the plans of an empty mesh: the guest trapped"),
     ]
     .into_iter()
     .enumerate()
