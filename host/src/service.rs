@@ -117,7 +117,7 @@ impl Micro {
             .iter()
             .zip(all.iter())
             .map(|((name, subject), s)| {
-                let average = if s.requests == 0 { 0 } else { s.processing.as_nanos() as u64 / s.requests };
+                let average = (s.processing.as_nanos() as u64).checked_div(s.requests).unwrap_or(0);
                 json!({
                     "name": name, "subject": subject, "queue_group": QUEUE_GROUP,
                     "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
