@@ -37,6 +37,14 @@ pub fn identifier_problem(s: &str) -> Option<String> {
     ))
 }
 
+/// Why `s` cannot be a free name (empty, or longer than [`MAX_NAME_BYTES`]); `None` when it can.
+pub fn name_problem(s: &str) -> Option<String> {
+    if s.is_empty() || s.len() > MAX_NAME_BYTES {
+        return Some(format!("must be 1 to {MAX_NAME_BYTES} bytes, not {}", s.len()));
+    }
+    None
+}
+
 /// Writes a free name as one key token: every byte outside the token alphabet, and `=` itself,
 /// becomes `=` and two upper-case hex digits.
 pub fn encode(name: &str) -> String {

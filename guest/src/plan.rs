@@ -16,7 +16,7 @@ use crate::env::{Env, HostError};
 use crate::escape::{identifier_problem, shorten};
 use crate::keys::{composed, APPLIED, ASSIGNMENTS, BUILDS};
 use crate::provision;
-use crate::value::{push_str, Obj};
+use crate::value::{push_list, push_str, Obj};
 
 /// The version of the kept-plan contents this guest writes and reads.
 pub const KEPT_FORMAT: u64 = 1;
@@ -151,8 +151,6 @@ pub struct Plan {
     pub have: Option<String>,
     pub newest: Option<String>,
     pub entries: Vec<Entry>,
-    pub state: State,
-    pub reason: Option<String>,
     /// A newly published plan for the first entry that differs from the kept one.
     pub to_keep: Option<Kept>,
 }
@@ -235,6 +233,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         _ => {}
     }
 
+    // Each build's composition: (roles, build, what it says).
     let mut read = Vec::with_capacity(reads.len());
     for (roles, src) in reads {
         read.push(match src {
@@ -260,43 +259,24 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     let mut entries = Vec::new();
     let mut to_keep = None;
     for (i, (roles, build, got)) in read.into_iter().enumerate() {
-        let entry = match (got, &kept) {
+        let (state, reason, plan) = match (got, &kept) {
             (Composition::Published(plan), _) => {
-                let build = build.clone().unwrap_or_default();
-                let differs = !matches!(&kept, Ok(Some(k)) if k.build == build && k.plan == plan);
+                // Only a build's own composition is published, so it has a build.
+                let b = build.clone().unwrap_or_default();
+                let differs = !matches!(&kept, Ok(Some(k)) if k.build == b && k.plan == plan);
                 if keeping && i == 0 && differs {
-                    to_keep = Some(Kept { build: build.clone(), plan: plan.clone() });
+                    to_keep = Some(Kept { build: b.clone(), plan: plan.clone() });
                 }
-                Entry { roles, build: Some(build.clone()), state: State::Planned, reason: None, plan: Some((build, plan)) }
+                (State::Planned, None, Some((b, plan)))
             }
-            (Composition::Not(why), Ok(Some(k))) => Entry {
-                roles,
-                build,
-                state: State::Held,
-                reason: Some(format!("{why}; held on the plan kept from {}", k.build)),
-                plan: Some((k.build.clone(), k.plan.clone())),
-            },
-            (Composition::Not(why), Ok(None)) => Entry {
-                roles,
-                build,
-                state: State::Waiting,
-                reason: Some(format!("{why}; no plan was kept")),
-                plan: None,
-            },
-            (Composition::Not(why), Err(unreadable)) => Entry {
-                roles,
-                build,
-                state: State::Waiting,
-                reason: Some(format!("{why}; {unreadable}")),
-                plan: None,
-            },
+            (Composition::Not(why), Ok(Some(k))) => {
+                (State::Held, Some(format!("{why}; held on the plan kept from {}", k.build)), Some((k.build.clone(), k.plan.clone())))
+            }
+            (Composition::Not(why), Ok(None)) => (State::Waiting, Some(format!("{why}; no plan was kept")), None),
+            (Composition::Not(why), Err(unreadable)) => (State::Waiting, Some(format!("{why}; {unreadable}")), None),
         };
-        entries.push(entry);
+        entries.push(Entry { roles, build, state, reason, plan });
     }
-    let (state, reason) = match entries.first() {
-        Some(e) => (e.state, e.reason.clone()),
-        None => (State::Waiting, Some(format!("nothing to plan: {module} on {node} has no want, no applied build, and the indexer knows no build of it"))),
-    };
     let named = |s: &Source| match s {
         Source::Build(b) => Some(b.clone()),
         _ => None,
@@ -308,34 +288,40 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         have: named(&have),
         newest: named(&newest),
         entries,
-        state,
-        reason,
         to_keep,
     })
 }
 
 /// Appends the provisions of a plan's needs to `out` as a JSON list, in the plan's order.
 pub fn push_provisions(out: &mut String, node: &str, module: &str, plan: &Body) {
-    out.push('[');
-    for (i, raw) in plan.needs.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        match provision::need(raw) {
-            Ok(n) => provision::provision(out, node, module, &n),
-            Err(why) => provision::malformed(out, raw, &why),
-        }
-    }
-    out.push(']');
+    push_list(out, &plan.needs, |out, raw| match provision::need(raw) {
+        Ok(n) => provision::provision(out, node, module, &n),
+        Err(why) => provision::malformed(out, raw, &why),
+    });
 }
 
 impl Plan {
+    /// The module's state and its reason: its first entry's, or `waiting` with nothing to plan.
+    pub fn state(&self) -> (State, Option<String>) {
+        match self.entries.first() {
+            Some(e) => (e.state, e.reason.clone()),
+            None => (
+                State::Waiting,
+                Some(format!(
+                    "nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it",
+                    self.module, self.node
+                )),
+            ),
+        }
+    }
+
     /// The answer of the verb `mesh-provisioner.plan`, as JSON text.
     pub fn render(&self) -> String {
+        let (state, reason) = self.state();
         let mut out = String::with_capacity(4096);
         let mut o = Obj::new(&mut out);
-        o.str("node", &self.node).str("module", &self.module).str("state", self.state.name());
-        if let Some(r) = &self.reason {
+        o.str("node", &self.node).str("module", &self.module).str("state", state.name());
+        if let Some(r) = &reason {
             o.str("reason", r);
         }
         for (field, b) in [("want", &self.want), ("have", &self.have), ("newest", &self.newest)] {
@@ -344,22 +330,9 @@ impl Plan {
             }
         }
         o.with("entries", |out| {
-            out.push('[');
-            for (i, e) in self.entries.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
+            push_list(out, &self.entries, |out, e| {
                 let mut o = Obj::new(out);
-                o.with("as", |out| {
-                    out.push('[');
-                    for (j, r) in e.roles.iter().enumerate() {
-                        if j > 0 {
-                            out.push(',');
-                        }
-                        push_str(out, r);
-                    }
-                    out.push(']');
-                });
+                o.with("as", |out| push_list(out, &e.roles, |out, r| push_str(out, r)));
                 match &e.build {
                     Some(b) => o.str("build", b),
                     None => o.raw("build", "null"),
@@ -373,8 +346,7 @@ impl Plan {
                     o.with("provisions", |out| push_provisions(out, &self.node, &self.module, plan));
                 }
                 o.end();
-            }
-            out.push(']');
+            });
         });
         o.end();
         out

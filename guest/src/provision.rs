@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::escape::{encode, identifier_problem, shorten, MAX_NAME_BYTES};
+use crate::escape::{encode, identifier_problem, name_problem, shorten};
 use crate::registry::{self, Answer, Domain};
 use crate::value::Obj;
 
@@ -89,8 +89,8 @@ fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
     if let Some(p) = identifier_problem(&need.kind) {
         return Resolved::Malformed(format!("the kind {p}"));
     }
-    if need.name.is_empty() || need.name.len() > MAX_NAME_BYTES {
-        return Resolved::Malformed(format!("the name must be 1 to {MAX_NAME_BYTES} bytes, not {}", need.name.len()));
+    if let Some(p) = name_problem(&need.name) {
+        return Resolved::Malformed(format!("the name {p}"));
     }
     if let Some(part) = &need.part {
         if let Some(p) = identifier_problem(part) {

@@ -34,13 +34,17 @@ pub struct Report {
 
 type Pairs = BTreeSet<(String, String)>;
 
-/// Every (node, module) of the keys of `bucket` matching `filter`, read with `parse`.
-fn pairs_in(env: &dyn Env, bucket: &str, filter: &str, into: &mut Pairs) -> Result<(), HostError> {
-    for e in scan_all(env, bucket, filter)? {
-        let parsed = if bucket == ASSIGNMENTS { parse_assignment(&e.key) } else { parse_applied(&e.key) };
-        if let Ok(k) = parsed {
-            into.insert((k.node, k.module));
-        }
+/// The (node, module) an assignment or applied key names; `None` for a key out of shape.
+fn pair(bucket: &str, key: &str) -> Option<(String, String)> {
+    let parsed = if bucket == ASSIGNMENTS { parse_assignment(key) } else { parse_applied(key) };
+    parsed.ok().map(|k| (k.node, k.module))
+}
+
+/// Every module that the assignments or the applied records name under `filter`
+/// (`>`, `*.<module>`, `<node>.*`).
+fn modules(env: &dyn Env, filter: &str, into: &mut Pairs) -> Result<(), HostError> {
+    for bucket in [ASSIGNMENTS, APPLIED] {
+        into.extend(scan_all(env, bucket, filter)?.iter().filter_map(|e| pair(bucket, &e.key)));
     }
     Ok(())
 }
@@ -48,45 +52,24 @@ fn pairs_in(env: &dyn Env, bucket: &str, filter: &str, into: &mut Pairs) -> Resu
 /// The modules one change can move.
 fn affected(env: &dyn Env, bucket: &str, key: Option<&str>, into: &mut Pairs) -> Result<(), HostError> {
     match (bucket, key) {
-        (ASSIGNMENTS, Some(k)) => {
-            if let Ok(k) = parse_assignment(k) {
-                into.insert((k.node, k.module));
-            }
+        (ASSIGNMENTS | APPLIED, Some(k)) => into.extend(pair(bucket, k)),
+        (ASSIGNMENTS | APPLIED, None) => {
+            into.extend(scan_all(env, bucket, ">")?.iter().filter_map(|e| pair(bucket, &e.key)));
         }
-        (APPLIED, Some(k)) => {
-            if let Ok(k) = parse_applied(k) {
-                into.insert((k.node, k.module));
-            }
-        }
-        (ASSIGNMENTS | APPLIED, None) => pairs_in(env, bucket, ">", into)?,
         (BUILDS, Some(k)) => {
             if let Ok(module) = parse_builds(k) {
-                let filter = format!("*.{module}");
-                pairs_in(env, ASSIGNMENTS, &filter, into)?;
-                pairs_in(env, APPLIED, &filter, into)?;
+                modules(env, &format!("*.{module}"), into)?;
             }
         }
-        (BUILDS, None) => {
-            pairs_in(env, ASSIGNMENTS, ">", into)?;
-            pairs_in(env, APPLIED, ">", into)?;
-        }
+        (BUILDS, None) => modules(env, ">", into)?,
         (bucket, key) => {
             let Some(node) = composed_node(bucket) else { return Ok(()) };
+            let module_of = |k: &str| parse_composed(k).ok().map(|k| (node.to_string(), k.module));
             match key {
-                Some(k) => {
-                    if let Ok(k) = parse_composed(k) {
-                        into.insert((node.to_string(), k.module));
-                    }
-                }
+                Some(k) => into.extend(module_of(k)),
                 None => {
-                    let filter = format!("{node}.*");
-                    pairs_in(env, ASSIGNMENTS, &filter, into)?;
-                    pairs_in(env, APPLIED, &filter, into)?;
-                    for e in scan_all(env, bucket, ">")? {
-                        if let Ok(k) = parse_composed(&e.key) {
-                            into.insert((node.to_string(), k.module));
-                        }
-                    }
+                    modules(env, &format!("{node}.*"), into)?;
+                    into.extend(scan_all(env, bucket, ">")?.iter().filter_map(|e| module_of(&e.key)));
                 }
             }
         }
@@ -111,8 +94,9 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
                 Err(e) => env.log(Level::Warn, &format!("could not keep the plan of {node}/{module} at {}: {e}", k.build)),
             }
         }
-        let line = || format!("{node}/{module}: {}", p.reason.as_deref().unwrap_or(""));
-        match p.state {
+        let (state, reason) = p.state();
+        let line = || format!("{node}/{module}: {}", reason.as_deref().unwrap_or(""));
+        match state {
             State::Planned => {}
             State::Held => report.held.push(line()),
             State::Waiting => report.waiting.push(line()),

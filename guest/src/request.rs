@@ -10,7 +10,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::escape::{identifier_problem, shorten, MAX_NAME_BYTES};
+use crate::escape::{identifier_problem, name_problem, shorten};
 
 /// Largest request body read; a request is a handful of short fields.
 pub const MAX_BODY: usize = 16 * 1024;
@@ -163,8 +163,8 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "kind" => q.kind = Some(identifier_field(field, v)?),
             "collection" => {
                 let c = string_field(field, v)?;
-                if c.is_empty() || c.len() > MAX_NAME_BYTES {
-                    return Err(format!("field `collection` must be 1 to {MAX_NAME_BYTES} bytes, not {}", c.len()));
+                if let Some(p) = name_problem(&c) {
+                    return Err(format!("field `collection` {p}"));
                 }
                 q.collection = Some(c);
             }

@@ -30,6 +30,18 @@ pub fn push_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Appends a JSON list to `out`, each item written by `item`.
+pub fn push_list<T>(out: &mut String, items: impl IntoIterator<Item = T>, mut item: impl FnMut(&mut String, T)) {
+    out.push('[');
+    for (i, it) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        item(out, it);
+    }
+    out.push(']');
+}
+
 /// Writes one JSON object field by field, straight into a string: answers are rendered without
 /// building a tree of values first.
 pub struct Obj<'a> {
