@@ -202,11 +202,12 @@ impl Follower {
     /// every [`MISSING_POLL`] for a bucket that does not exist.
     async fn run(self, mut resync: tokio::sync::watch::Receiver<u64>) {
         let mut backoff = Duration::from_millis(50);
+        // Whether the mirror already shows the bucket as missing (empty and in sync).
         let mut was_missing = false;
         loop {
             resync.borrow_and_update();
             let outcome = tokio::select! {
-                r = self.once(was_missing) => r,
+                r = self.once() => r,
                 _ = resync.changed() => {
                     tracing::info!(bucket = self.bucket, "resyncing the mirror");
                     self.mirror.set_ready(false);
@@ -217,6 +218,12 @@ impl Follower {
             };
             match outcome {
                 Followed::Missing => {
+                    if !was_missing {
+                        self.mirror.clear();
+                        self.mirror.set_ready(true);
+                        self.changes.record(&self.bucket, None);
+                        tracing::debug!(bucket = self.bucket, "bucket does not exist yet: mirrored as empty");
+                    }
                     was_missing = true;
                     tokio::select! {
                         _ = tokio::time::sleep(MISSING_POLL) => {},
@@ -234,20 +241,13 @@ impl Follower {
         }
     }
 
-    async fn once(&self, was_missing: bool) -> Followed {
+    /// Replays the bucket into the mirror and follows it until the watch ends.
+    async fn once(&self) -> Followed {
         let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
         match exists(&self.js, bucket).await {
             Ok(true) => {}
-            Ok(false) => {
-                if !(was_missing && mirror.is_ready()) {
-                    mirror.clear();
-                    mirror.set_ready(true);
-                    self.changes.record(bucket, None);
-                    tracing::debug!(bucket, "bucket does not exist yet: mirrored as empty");
-                }
-                return Followed::Missing;
-            }
+            Ok(false) => return Followed::Missing,
             Err(e) => return Followed::Lost(Err(e)),
         }
         let opened = async {

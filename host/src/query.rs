@@ -33,27 +33,16 @@ pub async fn ask(client: &async_nats::Client, verb: &str, body: &Value, timeout:
     Ok(v)
 }
 
-/// The verb to ask and the request body.
+/// The verb to ask and the request body. Every flag given is sent, so the server (not this
+/// command) says which do not apply.
 fn request(q: &Query) -> (&'static str, Value) {
-    let what = match q.what {
-        What::Registry => "registry",
-        What::Needs => "needs",
-        What::Applied => "applied",
-        What::Collect => "collect",
-        What::Plan => {
-            let mut body = json!({});
-            for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
-                if let Some(v) = value {
-                    body[field] = json!(v);
-                }
-            }
-            if let Some(l) = q.limit {
-                body["limit"] = json!(l);
-            }
-            return (PLAN, body);
-        }
+    let (verb, mut body) = match q.what {
+        What::Registry => (PROVISIONING, json!({ "what": "registry" })),
+        What::Needs => (PROVISIONING, json!({ "what": "needs" })),
+        What::Applied => (PROVISIONING, json!({ "what": "applied" })),
+        What::Collect => (PROVISIONING, json!({ "what": "collect" })),
+        What::Plan => (PLAN, json!({})),
     };
-    let mut body = json!({ "what": what });
     for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
         if let Some(v) = value {
             body[field] = json!(v);
@@ -62,7 +51,7 @@ fn request(q: &Query) -> (&'static str, Value) {
     if let Some(l) = q.limit {
         body["limit"] = json!(l);
     }
-    (PROVISIONING, body)
+    (verb, body)
 }
 
 pub async fn run(q: Query) -> Result<()> {
