@@ -138,17 +138,8 @@ async fn measure(label: &str, c: &Client, verb: &str, query: &[u8]) {
 
 /// The plan inputs of alpha/m000420, each written by the user that owns its bucket.
 async fn plan_inputs(bus: &Bus) {
-    let kinds = ["config", "secret", "bound", "dir", "port", "collected", "shell", "consumers", "seat", "widget"];
-    let needs: Vec<_> = kinds
-        .iter()
-        .enumerate()
-        .map(|(i, k)| serde_json::json!({"kind": k, "name": if *k == "bound" { "postgres.db".to_string() } else { format!("name{i}") }, "part": "api"}))
-        .collect();
-    let composed = serde_json::json!({"state": "published", "plan": {"parts": ["api"], "needs": needs, "dirs": []}}).to_string();
-    for (user, bucket) in [("node-alpha", "composed-alpha"), ("mesh-controller", "mesh-controller_assignments"), ("mesh-indexer", "mesh-indexer_builds")] {
-        let js = bus.js(user).await;
-        js.create_key_value(async_nats::jetstream::kv::Config { bucket: bucket.into(), ..Default::default() }).await.expect("create bucket");
-    }
+    let composed = tests::sample_composition();
+    bus.create_plan_buckets().await;
     bus.put("node-alpha", "composed-alpha", "m000420.b1", composed.as_bytes()).await;
     bus.put("node-alpha", "composed-alpha", "m000420.b2", composed.as_bytes()).await;
     bus.put("mesh-controller", "mesh-controller_assignments", "alpha.m000420", br#"{"want":"b1"}"#).await;

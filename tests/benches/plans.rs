@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use mesh_provisioner::backend::{Backend, MemoryBackend};
 use mesh_provisioner::kept::KeptPlans;
 use mesh_provisioner::runtime::{Change, Limits, ReplyCode, Runtime};
-use serde_json::json;
 use tests::native::Native;
 
 const NODES: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -31,13 +30,7 @@ fn us(d: Duration) -> f64 {
 /// with 10 needs of mixed kinds, and 10 needs recorded per module for the baseline query.
 fn mesh(kept: KeptPlans) -> Arc<MemoryBackend> {
     let b = MemoryBackend::with_kept(kept);
-    let kinds = ["config", "secret", "bound", "dir", "port", "collected", "shell", "consumers", "seat", "widget"];
-    let needs: Vec<_> = kinds
-        .iter()
-        .enumerate()
-        .map(|(i, k)| json!({"kind": k, "name": if *k == "bound" { "postgres.db".to_string() } else { format!("name{i}") }, "part": "api"}))
-        .collect();
-    let composed = json!({"state": "published", "plan": {"parts": ["api"], "needs": needs, "dirs": [{"name": "state", "unknown_files": "keep"}]}}).to_string();
+    let composed = tests::sample_composition();
     for m in 0..MODULES {
         let module = format!("m{m:04}");
         b.put("mesh-indexer_builds", &module, br#"{"newest":"b2"}"#);

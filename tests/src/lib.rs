@@ -62,6 +62,18 @@ pub fn guest() -> Guest {
         .clone()
 }
 
+/// A published composition for the benchmarks: one part, 10 needs of mixed kinds (one of them
+/// unanswered), one directory.
+pub fn sample_composition() -> String {
+    let kinds = ["config", "secret", "bound", "dir", "port", "collected", "shell", "consumers", "seat", "widget"];
+    let needs: Vec<Value> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| serde_json::json!({"kind": k, "name": if *k == "bound" { "postgres.db".to_string() } else { format!("name{i}") }, "part": "api"}))
+        .collect();
+    serde_json::json!({"state": "published", "plan": {"parts": ["api"], "needs": needs, "dirs": [{"name": "state", "unknown_files": "keep"}]}}).to_string()
+}
+
 /// Asks the provisioning verb, returning the code and the parsed body.
 pub async fn ask(backend: Arc<dyn Backend>, body: &[u8]) -> (ReplyCode, Value) {
     ask_with(backend, body, 1 << 20).await

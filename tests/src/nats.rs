@@ -13,6 +13,16 @@ use serde_json::Value;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
+/// Each bucket a plan is read from, and the user of the example config that owns (creates and
+/// writes) it.
+pub const PLAN_BUCKETS: [(&str, &str); 5] = [
+    ("mesh-controller", "mesh-controller_assignments"),
+    ("mesh-indexer", "mesh-indexer_builds"),
+    ("node-alpha", "composed-alpha"),
+    ("node-beta", "composed-beta"),
+    ("node-gamma", "composed-gamma"),
+];
+
 /// A fresh `nats-server`, configured from `deploy/nats-server.conf`.
 pub struct Bus {
     pub server: Server,
@@ -71,6 +81,16 @@ impl Bus {
         let mut js = jetstream::new(self.client(user).await);
         js.set_timeout(Duration::from_millis(1500));
         js
+    }
+
+    /// Creates each bucket a plan is read from, as the user that owns it ([`PLAN_BUCKETS`]).
+    pub async fn create_plan_buckets(&self) {
+        for (user, bucket) in PLAN_BUCKETS {
+            let js = self.js(user).await;
+            js.create_key_value(jetstream::kv::Config { bucket: bucket.into(), history: 1, ..Default::default() })
+                .await
+                .unwrap_or_else(|e| panic!("{user} creates {bucket}: {e}"));
+        }
     }
 
     /// Writes `key` = `value` into `bucket` as `user`.

@@ -9,25 +9,7 @@ use async_nats::jetstream::kv;
 use async_nats::Client;
 use serde_json::{json, Map, Value};
 use tests::golden;
-use tests::nats::{host_binary, Bus, Host};
-
-/// Each plan input's bucket and the user that owns (creates and writes) it.
-const OWNERS: [(&str, &str); 5] = [
-    ("mesh-controller", "mesh-controller_assignments"),
-    ("mesh-indexer", "mesh-indexer_builds"),
-    ("node-alpha", "composed-alpha"),
-    ("node-beta", "composed-beta"),
-    ("node-gamma", "composed-gamma"),
-];
-
-async fn create_buckets(bus: &Bus) {
-    for (user, bucket) in OWNERS {
-        let js = bus.js(user).await;
-        js.create_key_value(kv::Config { bucket: bucket.into(), history: 1, ..Default::default() })
-            .await
-            .unwrap_or_else(|e| panic!("{user} creates {bucket}: {e}"));
-    }
-}
+use tests::nats::{host_binary, Bus, Host, PLAN_BUCKETS};
 
 async fn write(bus: &Bus, step: &golden::Step) {
     for w in &step.writes {
@@ -96,7 +78,7 @@ async fn plans_over_the_bus_match_the_golden_file_and_kept_plans_survive_a_resta
     let bus = Bus::start().await;
     // Started before the plan buckets exist: each is followed from its creation.
     let host = Host::start(&bus, &["--seat-ttl", "2s"]).await;
-    create_buckets(&bus).await;
+    bus.create_plan_buckets().await;
     let controller = bus.client("mesh-controller").await;
 
     write(&bus, &mesh.steps[0]).await;
@@ -130,7 +112,7 @@ async fn query_plan_prints_provisions_and_refuses_a_request_without_a_module() {
     let mesh = golden::mesh();
     let bus = Bus::start().await;
     let host = Host::start(&bus, &[]).await;
-    create_buckets(&bus).await;
+    bus.create_plan_buckets().await;
     write(&bus, &mesh.steps[0]).await;
     let controller = bus.client("mesh-controller").await;
     wait_for_step(&controller, &mesh, &mesh.steps[0].name, &host).await;
@@ -154,7 +136,7 @@ async fn query_plan_prints_provisions_and_refuses_a_request_without_a_module() {
 #[tokio::test]
 async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
     let bus = Bus::start().await;
-    create_buckets(&bus).await;
+    bus.create_plan_buckets().await;
     let refused = |r: Result<u64, kv::PutError>| r.is_err();
     async fn lands(js: &async_nats::jetstream::Context, subject: &str) -> bool {
         match js.publish(subject.to_string(), "{}".into()).await {
@@ -176,7 +158,7 @@ async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
     assert!(!lands(&indexer, "$KV.mesh-controller_assignments.alpha.app").await);
     // The provisioner reads them all and writes none.
     let prov = bus.js("mesh-provisioner").await;
-    for (_, bucket) in OWNERS {
+    for (_, bucket) in PLAN_BUCKETS {
         let kv = prov.get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
         assert!(refused(kv.put("alpha.app", "{}".into()).await), "the provisioner wrote {bucket}");
     }
@@ -195,7 +177,7 @@ async fn a_swapped_component_recomputes_every_plan_and_machine_placement_follows
     let component = dir.path().join("guest.wasm");
     tests::install(&tests::component_path(), &component);
     let host = Host::start_with(&bus, tempfile::tempdir().unwrap(), &component, &[]).await;
-    create_buckets(&bus).await;
+    bus.create_plan_buckets().await;
     let controller = bus.client("mesh-controller").await;
     // Step by step: a plan is kept only if it was current when the plans followed the change.
     write(&bus, &mesh.steps[0]).await;

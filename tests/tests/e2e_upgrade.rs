@@ -18,6 +18,13 @@ async fn registry_kinds(bus: &Bus) -> Vec<String> {
     keys
 }
 
+/// The serving component still answers the registry, whole, after `what`.
+async fn still_answers(c: &async_nats::Client, what: &str) {
+    let (code, v) = ask_raw(c, b"{}").await.unwrap();
+    assert_eq!(code, None, "after {what}: {v}");
+    assert_eq!(keys(&v).len(), 13, "after {what}: {v}");
+}
+
 /// Waits (bounded) until `cond` holds of the INFO metadata.
 async fn info_until(c: &async_nats::Client, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
@@ -117,9 +124,7 @@ async fn refuses_each_bad_component_and_keeps_serving_the_current_one() {
         let reason = m["last_refusal"].as_str().unwrap_or_default();
         assert!(reason.contains(why), "{name} refused for {reason:?}, wanted {why:?}");
         assert_eq!(m["component_digest"], digest, "{name} replaced the serving component");
-        let (code, v) = ask_raw(&c, b"{}").await.unwrap();
-        assert_eq!(code, None, "{v}");
-        assert_eq!(keys(&v).len(), 13);
+        still_answers(&c, name).await;
     }
     host.stop().await;
 }
@@ -138,9 +143,7 @@ async fn a_trapping_looping_or_hoarding_guest_gets_error_replies_and_the_next_re
         let message = v["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(why), "{body}: {message:?}");
         assert!(took < Duration::from_secs(2), "{body} answered after {took:?}");
-        let (code, v) = ask_raw(&c, b"{}").await.unwrap();
-        assert_eq!(code, None, "after {body}: {v}");
-        assert_eq!(keys(&v).len(), 13);
+        still_answers(&c, body).await;
     }
     host.stop().await;
 }
