@@ -6,7 +6,7 @@ use crate::env::{Entry, Env, HostError, Level, Page};
 wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
 
 use exports::mesh::provisioner::api;
-use mesh::provisioner::{bus, kept_plans, log, registry_writer, store, types};
+use mesh::provisioner::{kept_plans, log, registry_writer, store, types};
 
 /// The component's imports, as the logic sees them.
 struct Imports;
@@ -55,10 +55,6 @@ impl Env for Imports {
 
     fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError> {
         registry_writer::delete(key, expected).map_err(host_error)
-    }
-
-    fn request(&self, subject: &str, body: &[u8], timeout_ms: u32) -> Result<Vec<u8>, HostError> {
-        bus::request(subject, body, timeout_ms).map_err(host_error)
     }
 
     fn log(&self, level: Level, message: &str) {
@@ -128,8 +124,9 @@ impl api::Guest for Component {
         crate::fixture::at_refresh();
         let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
         let r = crate::refresh::refresh(&Imports, &changes).map_err(wit_error)?;
-        let rest = r.rest.into_iter().map(|(bucket, key)| api::Change { bucket, key }).collect();
-        Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting, rest })
+        let change = |(bucket, key)| api::Change { bucket, key };
+        let (rest, retry) = (r.rest.into_iter().map(change).collect(), r.retry.into_iter().map(change).collect());
+        Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting, rest, retry })
     }
 }
 

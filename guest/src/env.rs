@@ -62,7 +62,6 @@ pub trait Env {
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError>;
     fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError>;
     fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError>;
-    fn request(&self, subject: &str, body: &[u8], timeout_ms: u32) -> Result<Vec<u8>, HostError>;
     fn log(&self, level: Level, message: &str);
     /// The plan kept for `module` on `node`, as last saved.
     fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError>;

@@ -19,7 +19,8 @@ pub fn at_refresh() {
     core::arch::wasm32::unreachable();
 }
 
-/// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand, and
+/// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand,
+/// `{"fixture":"slow"}` answers normally after 1.5 s (time for the seat to be lost meanwhile), and
 /// `{"fixture":"probe"}` answers with what the sandbox lets it see. `Some` is a reply body.
 #[inline(always)]
 pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
@@ -29,6 +30,13 @@ pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
         br#"{"fixture":"loop"}"# => spin(),
         br#"{"fixture":"alloc"}"# => hoard(),
         br#"{"fixture":"probe"}"# => return Some(probe()),
+        br#"{"fixture":"slow"}"# => {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(1500) {
+                std::hint::black_box(start);
+            }
+            return Some(br#"{"slow":true}"#.to_vec());
+        }
         _ => {}
     }
     None

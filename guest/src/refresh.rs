@@ -30,6 +30,9 @@ pub struct Report {
     pub waiting: Vec<String>,
     /// Changes left for the next call: each a module's assignment key, which moves that module.
     pub rest: Vec<(String, Option<String>)>,
+    /// Modules whose newly published plan could not be kept, as the change that moves them
+    /// again: the host retries them after a backoff.
+    pub retry: Vec<(String, Option<String>)>,
 }
 
 type Pairs = BTreeSet<(String, String)>;
@@ -77,6 +80,11 @@ fn affected(env: &dyn Env, bucket: &str, key: Option<&str>, into: &mut Pairs) ->
     Ok(())
 }
 
+/// The change that moves exactly `module` on `node`: its assignment key.
+fn module_change(node: &str, module: &str) -> (String, Option<String>) {
+    (ASSIGNMENTS.to_string(), Some(format!("{node}.{module}")))
+}
+
 /// Recomputes what `changes` can move and keeps what is newly published.
 pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Report, HostError> {
     let mut pairs = Pairs::new();
@@ -91,7 +99,10 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
         if let Some(k) = &p.to_keep {
             match env.save_plan(&node, &module, &k.to_bytes(&node, &module)) {
                 Ok(()) => report.kept.push(format!("{node}/{module}@{}", k.build)),
-                Err(e) => env.log(Level::Warn, &format!("could not keep the plan of {node}/{module} at {}: {e}", k.build)),
+                Err(e) => {
+                    env.log(Level::Warn, &format!("could not keep the plan of {node}/{module} at {}: {e}; it will be tried again", k.build));
+                    report.retry.push(module_change(&node, &module));
+                }
             }
         }
         let (state, reason) = p.state();
@@ -102,6 +113,6 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
             State::Waiting => report.waiting.push(line()),
         }
     }
-    report.rest = pairs.map(|(node, module)| (ASSIGNMENTS.to_string(), Some(format!("{node}.{module}")))).collect();
+    report.rest = pairs.map(|(node, module)| module_change(&node, &module)).collect();
     Ok(report)
 }

@@ -16,8 +16,9 @@ use crate::escape::{identifier_problem, name_problem, shorten};
 pub const MAX_BODY: usize = 16 * 1024;
 /// Default and largest page.
 pub const MAX_LIMIT: u32 = 1000;
-/// Longest `after` cursor (NATS keys are far shorter).
-pub const MAX_AFTER: usize = 1024;
+/// Longest `after` cursor: the longest key a mirror holds (a subject fits a 4 KiB control
+/// line), so every `next` the server hands out is accepted back.
+pub const MAX_AFTER: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum What {
@@ -203,14 +204,12 @@ fn limit(v: &Value) -> Result<u32, String> {
     }
 }
 
-/// `after` is a key: the key alphabet, `.` and `=` only, so it can never act as a wildcard.
+/// `after` is a cursor, compared with keys and never used as a filter, so any key the server
+/// listed (whatever its characters) is accepted back; only its length is bounded.
 fn after(v: &Value) -> Result<String, String> {
     let s = string_field("after", v)?;
     if s.is_empty() || s.len() > MAX_AFTER {
         return Err(format!("field `after` must be 1 to {MAX_AFTER} bytes, not {}", s.len()));
-    }
-    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || "-_/=.".contains(*c))) {
-        return Err(format!("field `after` is a key and may not hold {c:?}"));
     }
     Ok(s)
 }
@@ -235,6 +234,22 @@ mod tests {
         assert!(parse(br#"{"limit":0}"#).unwrap_err().contains("at least 1"));
         assert!(parse(br#"{"limit":-1}"#).unwrap_err().contains("whole number"));
         assert!(parse(br#"{"limit":2.5}"#).unwrap_err().contains("whole number"));
+    }
+
+    #[test]
+    fn takes_any_key_back_as_after_up_to_the_longest_a_key_may_be() {
+        // A cursor is compared with keys, never used as a filter: whatever a key holds is fine.
+        for key in ["alpha.>", "alpha.*.x", "a b", "é", "alpha.app.config.=3a"] {
+            assert_eq!(parse(json_after(key).as_bytes()).unwrap().after.as_deref(), Some(key));
+        }
+        let longest = "k".repeat(MAX_AFTER);
+        assert_eq!(parse(json_after(&longest).as_bytes()).unwrap().after.as_deref(), Some(longest.as_str()));
+        assert!(parse(json_after(&"k".repeat(MAX_AFTER + 1)).as_bytes()).unwrap_err().contains("not 4097"));
+        assert!(parse(br#"{"after":""}"#).unwrap_err().contains("1 to 4096 bytes"));
+    }
+
+    fn json_after(key: &str) -> String {
+        serde_json::json!({ "after": key }).to_string()
     }
 
     #[test]

@@ -78,89 +78,80 @@ pub fn handle(env: &dyn Env, verb: &str, body: &[u8], max_reply: u32) -> Reply {
     }
 }
 
-/// Where a query looks: a bucket, the narrowable leading tokens of its shape, and how many tokens
-/// the shape has.
+/// Where a query looks: a bucket and the narrowable leading tokens of its shape.
+///
+/// A key is **in scope** when it has every narrowed token, each equal to the value asked: a key
+/// of any length, in shape or not (`alpha.app.extra` is in scope of applied `alpha`/`app`, and
+/// `alpha.app` of needs narrowed by module `app`). Keys lacking a narrowed token are not.
 struct Scope {
     bucket: &'static str,
     tokens: Vec<Option<String>>,
-    shape_len: usize,
 }
 
 impl Scope {
     fn of(q: &Query) -> Scope {
         let id = |s: &Option<String>| s.clone();
         match q.what {
-            What::Registry => Scope { bucket: keys::REGISTRY, tokens: vec![id(&q.kind)], shape_len: 1 },
-            What::Needs => Scope {
-                bucket: keys::NEEDS,
-                tokens: vec![id(&q.node), id(&q.module), id(&q.kind)],
-                shape_len: 4,
-            },
-            What::Applied => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)], shape_len: 2 },
+            What::Registry => Scope { bucket: keys::REGISTRY, tokens: vec![id(&q.kind)] },
+            What::Needs => Scope { bucket: keys::NEEDS, tokens: vec![id(&q.node), id(&q.module), id(&q.kind)] },
+            What::Applied => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
             What::Collect => Scope {
                 bucket: keys::COLLECT,
                 tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)],
-                shape_len: 3,
             },
         }
     }
 
-    /// The narrowest subject filter covering every key in scope, including keys with more
-    /// tokens than the shape (out of shape, but in scope, so they must be reported).
-    fn filter(&self) -> String {
+    /// The scope as two disjoint parts that together cover it exactly: the keys with exactly as
+    /// many tokens as the last narrowed position (a literal key when nothing before it is a
+    /// wildcard), and the longer ones (`… .>`). Unnarrowed, the whole bucket (`>`).
+    fn parts(&self) -> Vec<Part> {
         let Some(last) = self.tokens.iter().rposition(Option::is_some) else {
-            return ">".into();
+            return vec![Part::Filter(">".into())];
         };
-        let mut parts: Vec<&str> = self.tokens[..=last].iter().map(|t| t.as_deref().unwrap_or("*")).collect();
-        if last + 1 < self.shape_len {
-            parts.push(">");
-        }
-        parts.join(".")
+        let base: Vec<&str> = self.tokens[..=last].iter().map(|t| t.as_deref().unwrap_or("*")).collect();
+        let base = base.join(".");
+        let exact = if self.tokens[..=last].iter().all(Option::is_some) { Part::Key(base.clone()) } else { Part::Filter(base.clone()) };
+        vec![exact, Part::Filter(format!("{base}.>"))]
     }
+}
 
-    /// Keys shorter than the shape that a `>` filter cannot match but which are in scope: each
-    /// fully given leading run of tokens (`alpha`, `alpha.app` for node and module).
-    fn prefixes(&self) -> Vec<String> {
-        let Some(last) = self.tokens.iter().rposition(Option::is_some) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        let mut acc: Vec<&str> = Vec::new();
-        for (i, t) in self.tokens[..=last].iter().enumerate() {
-            if i + 1 >= self.shape_len {
-                break;
-            }
-            match t {
-                Some(t) => acc.push(t),
-                None => break,
-            }
-            out.push(acc.join("."));
-        }
-        out
-    }
+/// One part of a scope: a single key, read directly, or a subject filter, scanned.
+enum Part {
+    Key(String),
+    Filter(String),
 }
 
 fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostError> {
     let scope = Scope::of(q);
     let after = q.after.as_deref();
     let mut found: Vec<Entry> = Vec::new();
-    for key in scope.prefixes() {
-        if after.is_some_and(|a| key.as_str() <= a) {
-            continue;
-        }
-        if let Some(e) = env.get(scope.bucket, &key)? {
-            found.push(e);
+    let (mut more, mut revision) = (false, 0);
+    for part in scope.parts() {
+        match part {
+            Part::Key(key) => {
+                if after.is_some_and(|a| key.as_str() <= a) {
+                    continue;
+                }
+                found.extend(env.get(scope.bucket, &key)?);
+            }
+            Part::Filter(filter) => {
+                let page = env.scan(scope.bucket, &filter, after, q.limit)?;
+                more |= page.more;
+                revision = revision.max(page.revision);
+                found.extend(page.entries);
+            }
         }
     }
-    let page = env.scan(scope.bucket, &scope.filter(), after, q.limit)?;
-    let mut more = page.more;
-    found.extend(page.entries);
+    // The parts are disjoint, each in key order with at most `limit` keys: the first `limit` of
+    // their union are the page, and anything cut here is more.
     found.sort_by(|a, b| a.key.cmp(&b.key));
     if found.len() > q.limit as usize {
         found.truncate(q.limit as usize);
         more = true;
     }
-    Ok(render(q.what, page.revision, &found, more, budget))
+    revision = found.iter().map(|e| e.revision).fold(revision, u64::max);
+    Ok(render(q.what, revision, &found, more, budget))
 }
 
 /// The plan of `module` on `node`, whole: a plan is not paged, so one too large for a reply is
@@ -261,6 +252,17 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
             it = without_value(what, e);
         }
         if !fits(&it, &entries, &shapes) {
+            if i == 0 {
+                // Not even its key fits: an empty page without `next` would end the listing
+                // here, silently. Say which key, so the operator can remove it or raise the
+                // server's max_payload.
+                let why = format!(
+                    "the key {:?} ({} bytes) cannot be listed within a reply of {budget} bytes; raise the server's max_payload or remove the key",
+                    crate::escape::shorten(&e.key),
+                    e.key.len()
+                );
+                return Reply::error(Code::Internal, &why);
+            }
             cut_at = Some(i);
             break;
         }

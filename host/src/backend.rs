@@ -1,11 +1,10 @@
-//! What the guest's imports are backed by: mirrors to read, the registry to write, a bus to ask.
+//! What the guest's imports are backed by: mirrors to read, the registry to write, plans to keep.
 //!
 //! [`crate::nats::NatsBackend`] is the real one; [`MemoryBackend`] serves the guest's tests and
 //! the `registry` command, which need no bus. Neither knows what a key means.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 
@@ -23,8 +22,6 @@ pub trait Backend: Send + Sync + 'static {
     fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>>;
     /// Compare-and-set delete of a registry key.
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>>;
-    /// A request on the bus.
-    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>>;
     /// Where the guest's plans are kept.
     fn kept(&self) -> &KeptPlans;
 }
@@ -41,12 +38,9 @@ pub fn check_bucket(bucket: &str) -> Result<()> {
     }
 }
 
-type Responder = Box<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
-
-/// Buckets and responders in memory. Revisions count per bucket, as in a JetStream stream.
+/// Buckets in memory. Revisions count per bucket, as in a JetStream stream.
 pub struct MemoryBackend {
     mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
-    responders: Mutex<HashMap<String, Responder>>,
     writes: Mutex<u64>,
     kept: KeptPlans,
 }
@@ -59,7 +53,7 @@ impl MemoryBackend {
 
     /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
     pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
-        Arc::new(MemoryBackend { mirrors: Mutex::default(), responders: Mutex::default(), writes: Mutex::default(), kept })
+        Arc::new(MemoryBackend { mirrors: Mutex::default(), writes: Mutex::default(), kept })
     }
 
     /// The bucket's mirror, created empty and ready if missing.
@@ -99,11 +93,6 @@ impl MemoryBackend {
         rev
     }
 
-    /// Answers requests on `subject` with `reply(body)`.
-    pub fn respond(&self, subject: &str, reply: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static) {
-        self.responders.lock().unwrap_or_else(|p| p.into_inner()).insert(subject.to_string(), Box::new(reply));
-    }
-
     /// How many registry writes the guest has made.
     pub fn registry_writes(&self) -> u64 {
         *self.writes.lock().unwrap_or_else(|p| p.into_inner())
@@ -141,16 +130,6 @@ impl Backend for MemoryBackend {
 
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.cas(key, None, expected).map(|_| ()) })
-    }
-
-    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, _timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>> {
-        Box::pin(async move {
-            let r = self.responders.lock().unwrap_or_else(|p| p.into_inner());
-            match r.get(subject) {
-                Some(f) => Ok(f(&body)),
-                None => Err(Error::new(ErrorKind::NoResponders, format!("no responders on {subject}"))),
-            }
-        })
     }
 
     fn kept(&self) -> &KeptPlans {

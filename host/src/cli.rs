@@ -93,6 +93,10 @@ pub struct Serve {
     /// The embedded server's port (a free one if not given).
     #[arg(long, env = "MESH_PROVISIONER_EMBEDDED_PORT")]
     pub embedded_port: Option<u16>,
+    /// Replace the component only on SIGHUP (e.g. systemd's ExecReload), not whenever the file
+    /// at --component changes.
+    #[arg(long, env = "MESH_PROVISIONER_NO_WATCH")]
+    pub no_watch: bool,
     /// Also write a small demo mesh, as node clients would (embedded server only).
     #[arg(long)]
     pub demo: bool,

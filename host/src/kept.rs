@@ -23,8 +23,8 @@ const MAGIC: &str = "mesh-provisioner kept-plan";
 pub const FORMAT: u32 = 1;
 /// Largest plan kept (a composition is one bucket value, far smaller).
 pub const MAX_PLAN: usize = 1 << 20;
-/// Longest node or module name used as a file name.
-const MAX_NAME: usize = 255;
+/// Longest file name most file systems take (NAME_MAX).
+const MAX_FILE_NAME: usize = 255;
 
 /// Where kept plans live: files under a directory, or memory (tests, tools).
 pub struct KeptPlans {
@@ -45,8 +45,8 @@ impl KeptPlans {
 
     /// The file of `module` on `node`, both checked to be plain file names first.
     pub fn path(&self, node: &str, module: &str) -> Result<Option<PathBuf>> {
-        check_name("node", node)?;
-        check_name("module", module)?;
+        check_name("node", node, "")?;
+        check_name("module", module, ".plan.tmp")?;
         Ok(self.dir.as_ref().map(|d| d.join(node).join(format!("{module}.plan"))))
     }
 
@@ -77,12 +77,15 @@ impl KeptPlans {
     }
 }
 
-/// Node and module become path segments: plain names only, never `..`, `/` or empty.
-fn check_name(what: &str, name: &str) -> Result<()> {
+/// Node and module become path segments. What a name may be is the guest's rule; the host asks
+/// only that each be one plain file name: not empty, `.` or `..`, without `/` or NUL, and short
+/// enough for the file system (`<module>.plan` included).
+fn check_name(what: &str, name: &str, suffix: &str) -> Result<()> {
     let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0'])
+        && name.len() + suffix.len() <= MAX_FILE_NAME;
     if ok {
         Ok(())
     } else {
@@ -172,9 +175,17 @@ mod tests {
     #[test]
     fn refuses_names_that_are_not_plain_file_names() {
         let kept = KeptPlans::files("/nonexistent");
-        for bad in ["", "..", ".", "a/b", "a.b", "-a", &"a".repeat(256)] {
+        for bad in ["", "..", ".", "a/b", "/etc", "a\0b", &"a".repeat(256)] {
             assert_eq!(kept.save(bad, "app", b"x").unwrap_err().kind(), ErrorKind::Invalid, "{bad:?}");
             assert_eq!(kept.load("alpha", bad).unwrap_err().kind(), ErrorKind::Invalid, "{bad:?}");
+        }
+        // The edge: a module name is as long as its file name (with the temporary suffix) allows.
+        assert!(kept.load("alpha", &"m".repeat(246)).is_ok());
+        assert_eq!(kept.load("alpha", &"m".repeat(247)).unwrap_err().kind(), ErrorKind::Invalid);
+        assert!(kept.load(&"n".repeat(255), "app").is_ok());
+        // What a name may be beyond that is the guest's rule, not the host's.
+        for plain in ["a.b", "-a", "É"] {
+            assert!(kept.load(plain, "app").is_ok(), "{plain:?}");
         }
         let big = vec![b' '; MAX_PLAN + 1];
         assert_eq!(KeptPlans::memory().save("alpha", "app", &big).unwrap_err().kind(), ErrorKind::Invalid);

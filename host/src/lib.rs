@@ -20,6 +20,7 @@ pub mod mirror;
 pub mod nats;
 pub mod plans;
 pub mod query;
+pub mod reconciler;
 pub mod reload;
 pub mod runtime;
 pub mod seat;
@@ -27,4 +28,4 @@ pub mod serve;
 pub mod service;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.1.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.2.0";

@@ -4,7 +4,7 @@
 //! mirror says it is in sync, resynced from scratch if the watch ends). A bucket that does not
 //! exist yet (a node whose engine has composed nothing) is an empty mirror, in sync, watched for
 //! its creation. Every change a mirror sees is offered to [`Changes`]; the registry writer is
-//! KV create/update/delete on the expected revision; the bus import is a timed request. Every
+//! KV create/update/delete on the expected revision. Every
 //! async-nats failure becomes a host [`Error`] here, by its kind.
 
 use std::collections::HashMap;
@@ -34,7 +34,6 @@ const MISSING_POLL: Duration = Duration::from_secs(1);
 pub const MAX_MIRRORS: usize = 4096;
 
 pub struct NatsBackend {
-    client: Client,
     js: jetstream::Context,
     registry: kv::Store,
     mirrors: std::sync::Mutex<HashMap<String, Arc<Mirror>>>,
@@ -56,7 +55,6 @@ impl NatsBackend {
             open_bucket(&js, bucket_config(b, "written by each node's provisioner client", 1, replicas)).await?;
         }
         Ok(Arc::new(NatsBackend {
-            client,
             js,
             registry,
             mirrors: Default::default(),
@@ -306,16 +304,6 @@ fn update_err(e: kv::UpdateError) -> Error {
     Error::new(kind, format!("registry write: {e}"))
 }
 
-fn request_err(subject: &str, e: async_nats::RequestError) -> Error {
-    let kind = match e.kind() {
-        async_nats::RequestErrorKind::NoResponders => ErrorKind::NoResponders,
-        async_nats::RequestErrorKind::TimedOut => ErrorKind::Timeout,
-        async_nats::RequestErrorKind::InvalidSubject => ErrorKind::Invalid,
-        _ => ErrorKind::Unavailable,
-    };
-    Error::new(kind, format!("request on {subject}: {e}"))
-}
-
 impl Backend for NatsBackend {
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(self.mirror_of(bucket))
@@ -345,15 +333,6 @@ impl Backend for NatsBackend {
             self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err)?;
             self.settle(before + 1).await;
             Ok(())
-        })
-    }
-
-    fn request<'a>(&'a self, subject: &'a str, body: Vec<u8>, timeout: Duration) -> BoxFuture<'a, Result<Vec<u8>>> {
-        Box::pin(async move {
-            crate::mirror::check_subject(subject, false)?;
-            let req = async_nats::Request::new().payload(body.into()).timeout(Some(timeout));
-            let msg = self.client.send_request(subject.to_string(), req).await.map_err(|e| request_err(subject, e))?;
-            Ok(msg.payload.to_vec())
         })
     }
 

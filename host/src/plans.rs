@@ -4,7 +4,8 @@
 //! Which buckets matter is the guest's word (`plan-inputs`), asked again after every swap, when
 //! everything is refreshed once: a new guest may plan differently. Changes wait in
 //! [`Changes`] (deduplicated, bounded) while a refresh runs. A refresh that fails is retried
-//! with its changes. Runs on every instance, holder or standby: each keeps its own plans warm.
+//! with its changes; modules whose plan the guest could not keep (the state directory failed)
+//! are handed back and asked again after a backoff (1 s doubling to a minute). Runs on every instance, holder or standby: each keeps its own plans warm.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,8 @@ const SETTLE: Duration = Duration::from_millis(20);
 const REFRESH_DEADLINE: Duration = Duration::from_secs(30);
 /// Wait before retrying a refresh that failed.
 const RETRY: Duration = Duration::from_secs(1);
+/// Longest wait before asking again for plans that could not be kept.
+const LAST_RETRY: Duration = Duration::from_secs(60);
 
 /// The first lines of a list, for the log; a long list ends with how many more there are.
 fn first(lines: &[String]) -> Vec<String> {
@@ -31,13 +34,14 @@ fn first(lines: &[String]) -> Vec<String> {
     out
 }
 
-/// One refresh, logged; the changes left for another call, or `Err` when it failed.
-async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limits, batch: &[Change]) -> Result<Vec<Change>, ()> {
+/// One refresh, logged; the changes left for another call and those to retry later, or `Err`
+/// when it failed.
+async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limits, batch: &[Change]) -> Result<(Vec<Change>, Vec<Change>), ()> {
     let started = std::time::Instant::now();
     match loaded.guest.refresh(backend.clone(), limits, batch).await {
         Ok(Ok(r)) => {
             let elapsed = started.elapsed();
-            tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), rest = r.rest.len(), ?elapsed, "plans refreshed");
+            tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), rest = r.rest.len(), not_kept = r.retry.len(), ?elapsed, "plans refreshed");
             // What is held or waits, by name and reason (the first few; `query plan` has all).
             for line in first(&r.held) {
                 tracing::info!("held: {line}");
@@ -45,7 +49,7 @@ async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limit
             for line in first(&r.waiting) {
                 tracing::info!("waiting: {line}");
             }
-            Ok(r.rest)
+            Ok((r.rest, r.retry))
         }
         Ok(Err(e)) => {
             tracing::warn!("refreshing plans failed: {e}; retrying");
@@ -62,6 +66,7 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
     let limits = Limits { deadline: limits.deadline.max(REFRESH_DEADLINE), ..limits };
     let mut swapped = current.subscribe();
     let mut following = String::new();
+    let mut backoff = RETRY;
     loop {
         let loaded = current.get();
         if loaded.guest.digest() != following {
@@ -92,9 +97,13 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
         batch.extend(changes.next_batch_now());
         // One call computes a bounded slice of a large mesh; the rest it hands back is asked
         // at once (each call is awaited, so the verbs are served in between).
+        let mut not_kept = Vec::new();
         while !batch.is_empty() {
             batch = match refresh_once(&loaded, &backend, limits, &batch).await {
-                Ok(rest) => rest,
+                Ok((rest, retry)) => {
+                    not_kept.extend(retry);
+                    rest
+                }
                 Err(()) => {
                     for c in &batch {
                         changes.record(&c.bucket, c.key.as_deref());
@@ -103,6 +112,21 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
                     break;
                 }
             };
+        }
+        // Plans that could not be kept are asked again later, not lost; the wait grows while
+        // the state directory keeps failing.
+        if not_kept.is_empty() {
+            backoff = RETRY;
+        } else {
+            tracing::warn!(modules = not_kept.len(), "plans not kept; trying again in {backoff:?}");
+            let (changes, wait) = (changes.clone(), backoff);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                for c in &not_kept {
+                    changes.record(&c.bucket, c.key.as_deref());
+                }
+            });
+            backoff = (backoff * 2).min(LAST_RETRY);
         }
     }
 }

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant, SystemTime};
 use sha2::{Digest, Sha256};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::backend::{Backend, MemoryBackend};
+use crate::backend::MemoryBackend;
 use crate::current::{Current, Loaded, Refusal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{Limits, Runtime};
-use crate::seat::Seat;
+use crate::reconciler::Reconciler;
 
 /// How often the component path is looked at.
 const POLL: Duration = Duration::from_millis(200);
@@ -64,21 +64,22 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
     Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
-/// Watches `path` and SIGHUP until the task is dropped, swapping in each new component.
+/// Watches SIGHUP and (with `poll`) the file at `path` until the task is dropped, swapping in
+/// each new component.
 pub async fn watch(
     path: PathBuf,
     runtime: Runtime,
     current: Arc<Current>,
     cache: PathBuf,
     limits: Limits,
-    backend: Arc<dyn Backend>,
-    seat: Arc<Seat>,
+    reconciler: Reconciler,
+    poll: bool,
 ) {
     let mut hup = signal(SignalKind::hangup()).ok();
     let mut seen = stamp(&path);
     loop {
         let hangup = tokio::select! {
-            _ = tokio::time::sleep(POLL) => false,
+            _ = tokio::time::sleep(POLL), if poll => false,
             _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
         };
         let now = stamp(&path);
@@ -96,22 +97,12 @@ pub async fn watch(
             settled = again;
         }
         seen = settled;
-        upgrade(&path, &runtime, &current, &cache, limits, &backend, &seat, hangup).await;
+        upgrade(&path, &runtime, &current, &cache, limits, &reconciler, hangup).await;
     }
 }
 
 /// One upgrade attempt; logs and records the outcome.
-#[allow(clippy::too_many_arguments)]
-pub async fn upgrade(
-    path: &Path,
-    runtime: &Runtime,
-    current: &Current,
-    cache: &Path,
-    limits: Limits,
-    backend: &Arc<dyn Backend>,
-    seat: &Seat,
-    forced: bool,
-) {
+pub async fn upgrade(path: &Path, runtime: &Runtime, current: &Current, cache: &Path, limits: Limits, reconciler: &Reconciler, forced: bool) {
     let started = Instant::now();
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
@@ -137,7 +128,7 @@ pub async fn upgrade(
                 digest, version, from_cache, old_version = old.info.version, elapsed = ?started.elapsed(),
                 "component swapped"
             );
-            crate::serve::reconcile(current, backend, seat, limits).await;
+            reconciler.request("swapped the component");
         }
         Err(e) => {
             tracing::warn!(digest, reason = e.message(), elapsed = ?started.elapsed(), "component refused; the current one keeps serving");

@@ -2,7 +2,8 @@
 //! `mesh-provisioner_seat` (history 1, max age = the TTL, so a dead holder's lease expires).
 //!
 //! Taken with create, renewed with compare-and-set every TTL/3, the value naming the instance. A
-//! standby takes over a lease whose revision has not moved for a whole TTL, by compare-and-set.
+//! standby takes over a lease whose revision has not moved for a whole TTL — the TTL written in
+//! the lease by its holder, not the standby's own — by compare-and-set.
 //! The lease is held only until a monotonic deadline (¾ TTL after the last renewal was sent), so
 //! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
 //! before the TTL can pass, even before this task gets to run again.
@@ -22,12 +23,17 @@ pub const HOLDER: &str = "holder";
 pub struct Seat {
     kv: kv::Store,
     instance: String,
+    /// How long this instance's leases last (at most the bucket's max age).
     ttl: Duration,
+    /// The seat bucket's max age (zero: none): no lease outlives it unrenewed.
+    max_age: Duration,
     /// The lease's revision and the monotonic instant it is held until.
     lease: Mutex<Option<(u64, Instant)>>,
     /// As a standby: the holder's revision last seen and when it was first seen.
     observed: Mutex<Option<(u64, Instant)>>,
     held: watch::Sender<bool>,
+    /// Counts the times the seat was taken: the current term.
+    terms: std::sync::atomic::AtomicU64,
 }
 
 impl Seat {
@@ -45,7 +51,19 @@ impl Seat {
             },
         )
         .await?;
-        Ok(Arc::new(Seat { kv, instance, ttl, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0 }))
+        // The bucket was created by whoever came first, perhaps with a shorter TTL: its max age
+        // expires a lease that is not renewed within it, so this instance may hold no longer.
+        let max_age = match kv.status().await {
+            Ok(s) => s.max_age(),
+            Err(e) => return Err(crate::error::Error::new(crate::error::ErrorKind::Unavailable, format!("status of {SEAT_BUCKET}: {e}"))),
+        };
+        let ttl = if max_age > Duration::ZERO && max_age < ttl {
+            tracing::warn!(?ttl, ?max_age, "the seat bucket expires leases sooner than --seat-ttl: holding for its max age instead");
+            max_age
+        } else {
+            ttl
+        };
+        Ok(Arc::new(Seat { kv, instance, ttl, max_age, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0, terms: Default::default() }))
     }
 
     pub fn instance(&self) -> &str {
@@ -64,7 +82,14 @@ impl Seat {
 
     /// Whether the lease is held right now (by the monotonic clock, not by what this task last saw).
     pub fn is_held(&self) -> bool {
-        matches!(*self.lease.lock().unwrap_or_else(|p| p.into_inner()), Some((_, until)) if Instant::now() < until)
+        self.term().is_some()
+    }
+
+    /// The term of the lease held right now: it changes whenever the seat is taken anew, so a
+    /// caller that saw the same term before and after some work held the seat throughout it.
+    pub fn term(&self) -> Option<u64> {
+        let held = matches!(*self.lease.lock().unwrap_or_else(|p| p.into_inner()), Some((_, until)) if Instant::now() < until);
+        held.then(|| self.terms.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Wakes on every change of holding.
@@ -79,7 +104,12 @@ impl Seat {
     }
 
     fn hold(&self, revision: u64, sent: Instant) {
-        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some((revision, sent + self.ttl * 3 / 4));
+        let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        if lease.is_none() {
+            self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        *lease = Some((revision, sent + self.ttl * 3 / 4));
+        drop(lease);
         self.held.send_if_modified(|h| !std::mem::replace(h, true));
     }
 
@@ -146,13 +176,13 @@ impl Seat {
         if entry.operation != kv::Operation::Put {
             return false;
         }
-        let ours = serde_json::from_slice::<serde_json::Value>(&entry.value)
-            .ok()
-            .is_some_and(|v| v["instance"] == self.instance.as_str());
+        let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok();
+        let ours = lease.as_ref().is_some_and(|v| v["instance"] == self.instance.as_str());
+        let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
             let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
             match *seen {
-                Some((rev, since)) if rev == entry.revision => since.elapsed() >= self.ttl,
+                Some((rev, since)) if rev == entry.revision => since.elapsed() >= ttl,
                 _ => {
                     *seen = Some((entry.revision, Instant::now()));
                     false
@@ -170,6 +200,21 @@ impl Seat {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// How long the holder of `lease` may go without renewing: the TTL written in the lease
+    /// (its holder's, not this instance's), bounded by the bucket's max age, which expires the
+    /// key anyway. A lease that names no TTL is judged by the bucket's max age, else by this
+    /// instance's own.
+    fn lease_ttl(&self, lease: Option<&serde_json::Value>) -> Duration {
+        let written = lease.and_then(|v| v["ttl_ms"].as_u64()).filter(|ms| *ms > 0).map(Duration::from_millis);
+        let bound = (self.max_age > Duration::ZERO).then_some(self.max_age);
+        match (written, bound) {
+            (Some(w), Some(b)) => w.min(b),
+            (Some(w), None) => w,
+            (None, Some(b)) => b,
+            (None, None) => self.ttl,
         }
     }
 

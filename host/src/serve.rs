@@ -14,11 +14,9 @@ use crate::current::{Current, Loaded};
 use crate::embedded::{self, Access, Server};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nats::NatsBackend;
+use crate::reconciler::Reconciler;
 use crate::runtime::{Limits, Runtime};
 use crate::seat::Seat;
-
-/// Reconciling writes over the bus; it gets more time than a verb call.
-const RECONCILE_DEADLINE: Duration = Duration::from_secs(30);
 
 pub async fn run(args: Serve) -> Result<()> {
     if args.seat_ttl < Duration::from_millis(500) {
@@ -37,8 +35,11 @@ pub async fn run(args: Serve) -> Result<()> {
     let on_event = move |event: async_nats::Event| {
         let tx = events_tx.clone();
         async move {
-            if let async_nats::Event::Connected = event {
-                tx.send_modify(|n| *n += 1);
+            match event {
+                async_nats::Event::Connected => tx.send_modify(|n| *n += 1),
+                // A refusal (a permission violation, say) is the operator's to see.
+                async_nats::Event::ServerError(e) => tracing::warn!("the server said: {e}"),
+                _ => {}
             }
         }
     };
@@ -90,6 +91,7 @@ pub async fn run(args: Serve) -> Result<()> {
         }
     }
     let seat_task = tokio::spawn(seat.clone().run());
+    let (reconciler, reconciling) = Reconciler::start(current.clone(), backend.clone(), seat.clone(), limits);
     let plans = tokio::spawn(crate::plans::follow(current.clone(), backend.clone(), nats.changes().clone(), limits));
 
     let (stop_tx, stop) = watch::channel(false);
@@ -105,7 +107,7 @@ pub async fn run(args: Serve) -> Result<()> {
 
     // After a reconnect: mirrors replay, and the holder reconciles the registry.
     let reconnects = {
-        let (nats, current, backend, seat) = (nats.clone(), current.clone(), backend.clone(), seat.clone());
+        let (nats, reconciler) = (nats.clone(), reconciler.clone());
         let mut events = events;
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
@@ -115,21 +117,19 @@ pub async fn run(args: Serve) -> Result<()> {
                 }
                 tracing::info!("reconnected to the bus: resyncing mirrors");
                 nats.resync();
-                if seat.is_held() {
-                    reconcile(&current, &backend, &seat, limits).await;
-                }
+                reconciler.request("reconnected");
             }
         })
     };
 
     let ticker = {
-        let (current, backend, seat, every) = (current.clone(), backend.clone(), seat.clone(), args.registry_every);
+        let (reconciler, every) = (reconciler.clone(), args.registry_every);
         tokio::spawn(async move {
             let mut t = tokio::time::interval(every);
             t.tick().await;
             loop {
                 t.tick().await;
-                reconcile(&current, &backend, &seat, limits).await;
+                reconciler.request("timer");
             }
         })
     };
@@ -139,8 +139,8 @@ pub async fn run(args: Serve) -> Result<()> {
         current.clone(),
         state.join("components"),
         limits,
-        backend.clone(),
-        seat.clone(),
+        reconciler.clone(),
+        !args.no_watch,
     ));
 
     let mut demo_done = !args.demo;
@@ -158,7 +158,11 @@ pub async fn run(args: Serve) -> Result<()> {
             }
         }
         // Holding the seat: reconcile at once, then serve until the seat is lost or we stop.
-        reconcile(&current, &backend, &seat, limits).await;
+        let asked = reconciler.request("took the seat");
+        tokio::select! {
+            _ = reconciler.finished(asked) => {},
+            _ = stopping.changed() => continue,
+        }
         if !demo_done {
             if let Some(server) = &embedded {
                 crate::demo::write(&server.access).await?;
@@ -180,6 +184,7 @@ pub async fn run(args: Serve) -> Result<()> {
     watcher.abort();
     plans.abort();
     ticker.abort();
+    reconciling.abort();
     reconnects.abort();
     seat_task.abort();
     seat.release().await;
@@ -212,20 +217,4 @@ pub async fn load(runtime: &Runtime, path: &std::path::Path, state: &std::path::
         "component loaded"
     );
     Ok(loaded)
-}
-
-/// One reconciliation of the registry, logged; only the seat's holder reconciles.
-pub async fn reconcile(current: &Current, backend: &Arc<dyn Backend>, seat: &Seat, limits: Limits) {
-    if !seat.is_held() {
-        return;
-    }
-    let limits = Limits { deadline: limits.deadline.max(RECONCILE_DEADLINE), ..limits };
-    match current.get().guest.reconcile(backend.clone(), limits).await {
-        Ok(Ok(r)) => tracing::info!(
-            puts = ?r.puts, deletes = ?r.deletes, unchanged = r.unchanged.len(), conflicts = ?r.conflicts,
-            writes = r.writes(), "registry reconciled"
-        ),
-        Ok(Err(e)) => tracing::warn!("registry reconcile failed: {e}"),
-        Err(e) => tracing::warn!("the guest failed to reconcile: {e}"),
-    }
 }

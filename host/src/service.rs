@@ -208,7 +208,9 @@ async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dy
     let started = Instant::now();
     let Some(reply_to) = request.reply.clone() else { return };
     let loaded = micro.current.get();
-    let holding = micro.seat.as_ref().is_none_or(|s| s.is_held());
+    // The term of the lease as the call starts; none without a seat (tests, tools).
+    let term = micro.seat.as_ref().map(|s| s.term());
+    let holding = !matches!(term, Some(None));
     let (code, body) = if !holding {
         // Between losing the seat and unsubscribing: say so rather than answer as the holder.
         (ReplyCode::Unavailable, error_body("unavailable", "this instance no longer holds the seat; retry"))
@@ -220,6 +222,15 @@ async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dy
                 (ReplyCode::Internal, error_body("internal", e.message()))
             }
         }
+    };
+    // The seat is checked again as the reply goes out: a holder that lost its lease while the
+    // guest ran (paused, cut off), even one that took it back since, must not answer as the
+    // holder of the term it started in.
+    let lost = micro.seat.as_ref().is_some_and(|s| Some(s.term()) != term);
+    let (code, body) = if code == ReplyCode::Ok && lost {
+        (ReplyCode::Unavailable, error_body("unavailable", "this instance lost the seat while answering; retry"))
+    } else {
+        (code, body)
     };
     let (sent, error) = match code {
         ReplyCode::Ok => (client.publish(reply_to, body.into()).await, None),

@@ -1,6 +1,6 @@
 //! The guest's logic called natively (no wasm), over the same in-memory mirrors and kept plans
 //! the component reads through its imports: the baseline the benchmarks measure the component
-//! against. Read-only: registry writes are refused, requests find no responders.
+//! against. Read-only: registry writes are refused.
 
 use std::sync::Arc;
 
@@ -28,9 +28,6 @@ impl Env for Native {
     }
     fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
         Err(HostError::Denied("read-only".into()))
-    }
-    fn request(&self, _: &str, _: &[u8], _: u32) -> Result<Vec<u8>, HostError> {
-        Err(HostError::NoResponders("none".into()))
     }
     fn log(&self, _: Level, _: &str) {}
     fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError> {

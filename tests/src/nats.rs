@@ -76,6 +76,27 @@ impl Bus {
         panic!("connect to {} as {user}: {last}", self.url())
     }
 
+    /// A client logged in as `user` whose permission violations are recorded, so a test can
+    /// require the server's refusal itself rather than any error (a timeout proves nothing).
+    pub async fn watched(&self, user: &str) -> (Client, Denials) {
+        let denials = Denials::default();
+        let seen = denials.0.clone();
+        let client = ConnectOptions::with_user_and_password(user.into(), self.password(user))
+            .connection_timeout(Duration::from_secs(10))
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                async move {
+                    if let async_nats::Event::ServerError(async_nats::ServerError::Other(message)) = event {
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).push(message);
+                    }
+                }
+            })
+            .connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect to {} as {user}: {e}", self.url()));
+        (client, denials)
+    }
+
     /// A JetStream context for `user` with a short timeout, so refused writes fail quickly.
     pub async fn js(&self, user: &str) -> jetstream::Context {
         let mut js = jetstream::new(self.client(user).await);
@@ -97,6 +118,32 @@ impl Bus {
     pub async fn put(&self, user: &str, bucket: &str, key: &str, value: &[u8]) -> u64 {
         let kv = self.js(user).await.get_key_value(bucket).await.unwrap_or_else(|e| panic!("{user} opens {bucket}: {e}"));
         kv.put(key, value.to_vec().into()).await.unwrap_or_else(|e| panic!("{user} puts {bucket}/{key}: {e}"))
+    }
+}
+
+/// The permission violations the server reported to one client.
+#[derive(Clone, Default)]
+pub struct Denials(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Denials {
+    /// Waits (bounded) until the server has refused `what` (`Publish to` or `Subscription to`)
+    /// on exactly `subject`.
+    pub async fn expect(&self, what: &str, subject: &str) {
+        let want = format!("permissions violation for {what} \"{subject}\"").to_lowercase();
+        let start = Instant::now();
+        loop {
+            let seen = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if seen.iter().any(|m| m.to_lowercase().contains(&want)) {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "the server never refused {what} {subject:?}; it refused: {seen:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Everything refused so far.
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -138,6 +185,54 @@ impl Cluster {
         if let Some(b) = self.servers[i].take() {
             b.server.stop().await;
         }
+    }
+}
+
+/// A `nats-server` with a config of the test's own (another way to authenticate, TLS), JetStream
+/// in a temporary store, on a free loopback port; stopped when dropped.
+pub struct RawServer {
+    pub port: u16,
+    pub dir: TempDir,
+    child: Child,
+}
+
+impl RawServer {
+    /// Starts `nats-server` with `config` (`{{PORT}}` and `{{DIR}}` filled in) and waits until it
+    /// listens.
+    pub async fn start(config: &str) -> RawServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = mesh_provisioner::embedded::free_port().expect("a free port");
+        let text = config.replace("{{PORT}}", &port.to_string()).replace("{{DIR}}", &dir.path().display().to_string());
+        let conf = dir.path().join("server.conf");
+        std::fs::write(&conf, text).expect("write the config");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("server log");
+        let mut child = Command::new("nats-server").arg("-c").arg(&conf).stdout(Stdio::null()).stderr(log).kill_on_drop(true).spawn().expect("nats-server on PATH (scripts/setup installs it)");
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("nats-server exited ({status}):\n{}", std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default());
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "nats-server did not listen on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        RawServer { port, dir, child }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Rewrites the config (same port and directory) and makes the running server reload it.
+    pub fn reload(&self, config: &str) {
+        let text = config.replace("{{PORT}}", &self.port.to_string()).replace("{{DIR}}", &self.dir.path().display().to_string());
+        std::fs::write(self.dir.path().join("server.conf"), text).expect("rewrite the config");
+        let pid = self.child.id().expect("nats-server running");
+        let ok = std::process::Command::new("kill").arg("-HUP").arg(pid.to_string()).status().map(|s| s.success());
+        assert!(matches!(ok, Ok(true)), "kill -HUP nats-server failed");
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
     }
 }
 
@@ -185,16 +280,23 @@ impl Host {
 
     /// Starts the host against `url` (comma-separated for a cluster) without waiting.
     pub fn spawn(url: &str, password: &str, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
+        let mut args = vec!["--nats-url", url, "--user", "mesh-provisioner", "--password", password];
+        args.extend_from_slice(extra);
+        Self::spawn_as(state, component, &args)
+    }
+
+    /// Starts `serve` with exactly `args` (how to reach the bus and log in, and any more)
+    /// besides the component and the state directory, without waiting.
+    pub fn spawn_as(state: TempDir, component: &std::path::Path, args: &[&str]) -> Host {
         let log = state.path().join("host.log");
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let child = Command::new(host_binary())
             .arg("serve")
-            .args(["--nats-url", url, "--user", "mesh-provisioner", "--password", password])
             .arg("--component")
             .arg(component)
             .arg("--state-dir")
             .arg(state.path())
-            .args(extra)
+            .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(file)
@@ -227,7 +329,8 @@ impl Host {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("the host exited ({status}):\n{}", self.log_text());
             }
-            if ask_raw(&client, b"{}").await.is_ok() {
+            // Serving means answering: a 503 (not ready, no seat) is not serving yet.
+            if matches!(ask_raw(&client, b"{}").await, Ok((None, _))) {
                 return;
             }
             assert!(start.elapsed() < Duration::from_secs(30), "the host did not serve within 30 s:\n{}", self.log_text());

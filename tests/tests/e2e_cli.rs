@@ -21,7 +21,13 @@ async fn query_prints_a_table_with_odd_keys_and_exits_non_zero_on_an_error_reply
     let host = Host::start(&bus, &[]).await;
     bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.db=2Eurl", br#"{"placeholder":"${config:db.url}"}"#).await;
     bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.=3a", b"{}").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The mirror applies writes in order: once the last is listed, both are.
+    let c = bus.client("node-alpha").await;
+    let start = std::time::Instant::now();
+    while tests::out_of_shape(&tests::nats::ask_ok(&c, serde_json::json!({"what":"needs","node":"alpha"})).await).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the writes never showed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let pw = bus.password("node-alpha");
     let conn = ["--nats-url", bus.url(), "--user", "node-alpha", "--password", pw.as_str()];
     let out = run(&[&["query", "needs", "--node", "alpha"][..], &conn].concat());
@@ -45,7 +51,7 @@ fn check_passes_the_real_component_and_refuses_bad_ones_with_the_reason() {
     let ok = run(&["check", tests::component_path().to_str().unwrap()]);
     assert!(ok.status.success(), "{}", text(&ok));
     assert!(text(&ok).contains("13 registry kinds"));
-    for (name, why) in [("not-wasm", "not a WebAssembly file"), ("incompatible", "does not"), ("trap-at-start", "trapped"), ("loop-at-start", "deadline")] {
+    for (name, why) in [("not-wasm", "not a WebAssembly file"), ("incompatible", "built for mesh:provisioner@0.9.0"), ("publisher", "mesh:provisioner/bus@0.2.0"), ("trap-at-start", "trapped"), ("loop-at-start", "deadline")] {
         let out = run(&["check", fixture(name).to_str().unwrap()]);
         assert!(!out.status.success(), "{name} passed the check");
         assert!(text(&out).contains(why), "{name}: {}", text(&out));
@@ -66,4 +72,77 @@ async fn sighup_rereads_the_component() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     host.stop().await;
+}
+
+#[tokio::test]
+async fn with_no_watch_only_sighup_swaps_a_changed_component() {
+    let bus = Bus::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let component = dir.path().join("guest.wasm");
+    tests::install(&tests::component_path(), &component);
+    let host = Host::start_with(&bus, tempfile::tempdir().unwrap(), &component, &["--no-watch"]).await;
+    let c = bus.client("node-alpha").await;
+    let version = || async { Host::info(&c).await["component_version"].as_str().unwrap_or_default().to_string() };
+    let first = version().await;
+    tests::install(&fixture("v2"), &component);
+    // Several of the watcher's polls: with --no-watch the new file is not taken by itself.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(version().await, first, "swapped without SIGHUP:\n{}", host.log_text());
+    host.signal("HUP");
+    let start = std::time::Instant::now();
+    while version().await != "0.2.0-fixture" {
+        assert!(start.elapsed() < Duration::from_secs(20), "SIGHUP did not swap the changed component:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(host.log_text().contains("component swapped"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state_dir() {
+    let state = tempfile::tempdir().unwrap();
+    let log = state.path().join("host.log");
+    let mut child = tokio::process::Command::new(host_binary())
+        .args(["serve", "--demo", "--seat-ttl", "2s", "--component"])
+        .arg(tests::component_path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .env("RUST_LOG", "info")
+        .env_remove("MESH_PROVISIONER_NATS_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --demo");
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("demo mesh written") {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("serve --demo exited ({status}):\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no demo mesh:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("embedded nats-server started"), "{logged}");
+    let dir = state.path().to_str().unwrap();
+    // The demo's writes are followed by the mirrors within moments; ask until they show.
+    let start = std::time::Instant::now();
+    let out = loop {
+        let out = run(&["query", "needs", "--node", "alpha", "--state-dir", dir]);
+        if out.status.success() && text(&out).contains("db.url") {
+            break out;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "query through the state dir: {}", text(&out));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let t = text(&out);
+    assert!(t.contains("alpha") && t.contains("app") && t.contains("db_password"), "{t}");
+    let out = run(&["query", "needs", "--node", "gamma", "--state-dir", dir]);
+    assert!(text(&out).contains("gamma.worker.config.queue=3aname"), "the demo's odd key: {}", text(&out));
+    let out = run(&["query", "plan", "--node", "alpha", "--module", "app", "--state-dir", dir]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The record of the embedded server's passwords is the owner's alone.
+    let record = std::fs::metadata(state.path().join("embedded.json")).expect("the embedded server's record");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&record.permissions()) & 0o077, 0, "the embedded server's record is readable by others");
+    let _ = child.kill().await;
 }

@@ -205,3 +205,25 @@ async fn a_swapped_component_recomputes_every_plan_and_machine_placement_follows
     assert_eq!(machine["unanswered"], true, "v2 answers no `machine`: {machine}");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_plan_that_could_not_be_kept_is_kept_once_the_state_directory_allows_it() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let state = tempfile::tempdir().unwrap();
+    // A file where the plans' directory goes: nothing can be kept (as root too).
+    let plans = state.path().join("plans");
+    std::fs::write(&plans, b"in the way").unwrap();
+    let host = Host::start_in(&bus, state, &["--seat-ttl", "2s"]).await;
+    bus.put("mesh-controller", "mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#).await;
+    bus.put("node-alpha", "composed-alpha", "app.b1", tests::sample_composition().as_bytes()).await;
+    let start = Instant::now();
+    while !host.log_text().contains("plans not kept; trying again") {
+        assert!(start.elapsed() < Duration::from_secs(20), "the failed keep was not reported:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(host.log_text().contains("could not keep the plan of alpha/app at b1"), "{}", host.log_text());
+    std::fs::remove_file(&plans).unwrap();
+    wait_kept(&host, &[("alpha/app", "b1")]).await;
+    host.stop().await;
+}

@@ -14,9 +14,44 @@ const TTL: &str = "2s";
 const TTL_S: f64 = 2.0;
 
 fn spawn(bus: &Bus, name: &str, extra: &[&str]) -> Host {
-    let mut args = vec!["--seat-ttl", TTL, "--instance", name];
+    spawn_with(bus, name, &tests::component_path(), TTL, extra)
+}
+
+/// An instance serving `component` with a lease of `ttl`.
+fn spawn_with(bus: &Bus, name: &str, component: &std::path::Path, ttl: &str, extra: &[&str]) -> Host {
+    let mut args = vec!["--seat-ttl", ttl, "--instance", name];
     args.extend_from_slice(extra);
-    Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &args)
+    Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), component, &args)
+}
+
+/// Waits (bounded) until `host`'s log shows `what`.
+async fn log_shows(host: &Host, what: &str) {
+    let start = Instant::now();
+    while !host.log_text().contains(what) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the log never showed {what:?}:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The registry's keys, sorted.
+async fn registry_kinds(bus: &Bus) -> Vec<String> {
+    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_registry").await.unwrap();
+    let mut keys: Vec<String> = kv.keys().await.unwrap().map(|k| k.unwrap()).collect().await;
+    keys.sort();
+    keys
+}
+
+/// Waits (bounded) until the registry holds `has` and not `lacks`.
+async fn registry_until(bus: &Bus, has: &str, lacks: &str) {
+    let start = Instant::now();
+    loop {
+        let kinds = registry_kinds(bus).await;
+        if kinds.iter().any(|k| k == has) && !kinds.iter().any(|k| k == lacks) {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "the registry never held {has} without {lacks}: {kinds:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The instance the lease names, if any.
@@ -116,25 +151,87 @@ async fn a_killed_holder_is_replaced_within_the_ttl_and_a_renewal() {
 #[tokio::test]
 async fn a_paused_holder_finds_it_lost_the_seat_and_writes_nothing() {
     let bus = Bus::start().await;
-    let hosts: Vec<Host> = ["one", "two"].iter().map(|n| spawn(&bus, n, &["--registry-every", "1s"])).collect();
+    // The paused holder serves another table (v2: `archive`, no `machine`), so any write it
+    // made after resuming would show in the registry.
+    let v2 = tests::fixture("v2");
+    let paused = spawn_with(&bus, "one", &v2, TTL, &["--registry-every", "1s"]);
     let c = bus.client("node-alpha").await;
     until_answering(&c, Duration::from_secs(30)).await;
-    let first = holder(&bus).await.expect("a holder");
-    let (paused, other) = if first == "one" { (&hosts[0], "two") } else { (&hosts[1], "one") };
+    assert_eq!(holder(&bus).await.as_deref(), Some("one"));
+    registry_until(&bus, "archive", "machine").await;
+    let other = spawn(&bus, "two", &["--registry-every", "1s"]);
+    log_shows(&other, "standing by").await;
+
     paused.signal("STOP");
-    tokio::time::sleep(Duration::from_secs_f64(TTL_S * 2.0)).await;
+    let start = Instant::now();
+    while holder(&bus).await.as_deref() != Some("two") {
+        assert!(start.elapsed() < Duration::from_secs(15), "the standby never took the seat:\n{}", other.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     until_answering(&c, Duration::from_secs(10)).await;
-    assert_eq!(holder(&bus).await.as_deref(), Some(other));
+    registry_until(&bus, "machine", "archive").await;
     let before = registry_last_seq(&bus).await;
     paused.signal("CONT");
+    log_shows(&paused, "lost the seat").await;
+    // Three of its reconcile ticks.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(registry_last_seq(&bus).await, before, "a registry write after the paused holder resumed");
-    assert_eq!(pingers(&c).await, vec![other.to_string()], "only the new holder answers");
-    let log = paused.log_text();
-    assert!(log.contains("lost the seat"), "{log}");
-    for h in hosts {
+    assert_eq!(registry_last_seq(&bus).await, before, "a registry write after the paused holder resumed:\n{}", paused.log_text());
+    assert!(registry_kinds(&bus).await.contains(&"machine".to_string()));
+    assert_eq!(pingers(&c).await, vec!["two".to_string()], "only the new holder answers");
+    for h in [paused, other] {
         h.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_standby_with_a_short_ttl_judges_the_lease_by_the_holders_ttl() {
+    let bus = Bus::start().await;
+    let long = spawn_with(&bus, "long", &tests::component_path(), "6s", &[]);
+    let c = bus.client("node-alpha").await;
+    until_answering(&c, Duration::from_secs(30)).await;
+    assert_eq!(holder(&bus).await.as_deref(), Some("long"));
+    let short = spawn_with(&bus, "short", &tests::component_path(), "1s", &[]);
+    log_shows(&short, "standing by").await;
+    // The holder renews every 2 s; a standby judging by its own 1 s would take the seat at once.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        assert_eq!(holder(&bus).await.as_deref(), Some("long"), "a live holder lost its seat:\n{}", short.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(pingers(&c).await, vec!["long".to_string()]);
+    // It still takes over once the holder is gone: within the holder's TTL and a renewal.
+    long.signal("KILL");
+    let killed = Instant::now();
+    while holder(&bus).await.as_deref() != Some("short") {
+        assert!(killed.elapsed() < Duration::from_secs(12), "the standby never took over:\n{}", short.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("took over {:?} after the kill (holder's TTL 6s)", killed.elapsed());
+    for h in [long, short] {
+        h.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_holder_that_loses_the_seat_while_the_guest_runs_does_not_answer() {
+    let bus = Bus::start().await;
+    let host = spawn_with(&bus, "one", &tests::fixture("misbehave"), "1500ms", &["--guest-deadline", "5s"]);
+    let c = bus.client("node-alpha").await;
+    until_answering(&c, Duration::from_secs(30)).await;
+    let slow = {
+        let c = c.clone();
+        tokio::spawn(async move { ask_within(&c, br#"{"fixture":"slow"}"#, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Someone else's lease, long-lived: the holder's next renewal fails and it cannot take the
+    // seat back before the slow call ends.
+    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.unwrap();
+    kv.put("holder", r#"{"instance":"intruder","ttl_ms":60000}"#.into()).await.unwrap();
+    let (code, v) = slow.await.unwrap().expect("a reply");
+    assert_eq!(code.as_deref(), Some("503"), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("lost the seat while answering"), "{v}");
+    log_shows(&host, "lost the seat").await;
+    host.stop().await;
 }
 
 #[tokio::test]
@@ -147,30 +244,40 @@ async fn the_service_returns_after_a_server_restart_with_the_registry_intact() {
     assert_eq!(seq, 13);
     // Requests keep running across the restart; none may be answered wrongly.
     let stop = Arc::new(AtomicBool::new(false));
-    let wrong = Arc::new(AtomicU64::new(0));
+    let (wrong, right) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let load = {
-        let (c, stop, wrong) = (c.clone(), stop.clone(), wrong.clone());
+        let (c, stop, wrong, right) = (c.clone(), stop.clone(), wrong.clone(), right.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 if let Ok((None, v)) = ask_raw(&c, b"{}").await {
-                    if v["entries"].as_array().map_or(0, |e| e.len()) != 13 {
-                        wrong.fetch_add(1, Ordering::Relaxed);
-                    }
+                    let counter = if v["entries"].as_array().map_or(0, |e| e.len()) == 13 { &right } else { &wrong };
+                    counter.fetch_add(1, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = Instant::now();
+    while right.load(Ordering::Relaxed) < 10 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no load before the restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_restart = right.load(Ordering::Relaxed);
     let bus = bus.restart(Duration::from_millis(500)).await;
     let back = Instant::now();
     let c2 = bus.client("node-alpha").await;
     let took = until_answering(&c2, Duration::from_secs(20)).await;
     println!("answering again {:?} after the server came back", took.max(back.elapsed()));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The load's own client reconnects too, and is answered again.
+    let start = Instant::now();
+    while right.load(Ordering::Relaxed) < before_restart + 10 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the load was not answered again after the restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     assert_eq!(wrong.load(Ordering::Relaxed), 0, "a partial answer was given as complete");
+    println!("under load: {} complete answers, {before_restart} of them before the restart", right.load(Ordering::Relaxed));
     let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_registry").await.unwrap();
     let keys: Vec<String> = kv.keys().await.unwrap().map(|k| k.unwrap()).collect().await;
     assert_eq!(keys.len(), 13);

@@ -174,44 +174,86 @@ async fn writes_the_registry_at_start_restores_drift_and_otherwise_writes_nothin
     host.stop().await;
 }
 
+/// Publishes `subject` as a core message: the server either takes it or refuses it by name.
+async fn publish(c: &async_nats::Client, subject: &str) {
+    c.publish(subject.to_string(), "{}".into()).await.expect("publish");
+    c.flush().await.expect("flush");
+}
+
 #[tokio::test]
 async fn the_server_refuses_writes_outside_each_users_grant() {
     let bus = Bus::start().await;
     let host = Host::start(&bus, &[]).await;
     let before = registry_state(&bus).await;
 
-    // A node user cannot open or write the registry.
-    let alpha = bus.js("node-alpha").await;
-    assert!(alpha.get_key_value(REGISTRY).await.is_err());
-    let ack = alpha.publish(format!("$KV.{REGISTRY}.config"), "{}".into()).await;
-    let acked = match ack {
-        Ok(fut) => fut.await.is_ok(),
-        Err(_) => false,
-    };
-    assert!(!acked, "node-alpha wrote the registry");
+    // A node user can neither open nor write the registry.
+    let (alpha, denied) = bus.watched("node-alpha").await;
+    let mut ajs = async_nats::jetstream::new(alpha.clone());
+    ajs.set_timeout(Duration::from_millis(1500));
+    assert!(ajs.get_key_value(REGISTRY).await.is_err());
+    denied.expect("Publish to", &format!("$JS.API.STREAM.INFO.KV_{REGISTRY}")).await;
+    publish(&alpha, &format!("$KV.{REGISTRY}.config")).await;
+    denied.expect("Publish to", &format!("$KV.{REGISTRY}.config")).await;
 
-    // A node user cannot write another node's keys.
-    let needs = alpha.get_key_value(NEEDS).await.unwrap();
+    // Nor another node's keys of needs, applied or collect; its own it may write.
+    let needs = ajs.get_key_value(NEEDS).await.unwrap();
     assert!(needs.put("beta.app.config.x", "{}".into()).await.is_err());
+    denied.expect("Publish to", &format!("$KV.{NEEDS}.beta.app.config.x")).await;
+    for (bucket, key) in [(APPLIED, "beta.app"), (COLLECT, "beta.shell.app")] {
+        publish(&alpha, &format!("$KV.{bucket}.{key}")).await;
+        denied.expect("Publish to", &format!("$KV.{bucket}.{key}")).await;
+    }
     assert!(needs.put("alpha.app.config.x", "{}".into()).await.is_ok());
+    assert!(ajs.get_key_value(APPLIED).await.unwrap().put("alpha.app", "{}".into()).await.is_ok());
+    assert!(ajs.get_key_value(COLLECT).await.unwrap().put("alpha.shell.app", "{}".into()).await.is_ok());
 
-    // The provisioner may not write what node clients write.
-    let prov = bus.js("mesh-provisioner").await;
-    let pneeds = prov.get_key_value(NEEDS).await.unwrap();
+    // The provisioner may not write, delete, purge or reconfigure what others write, nor ask
+    // any verb but its own.
+    let (prov, pdenied) = bus.watched("mesh-provisioner").await;
+    let mut pjs = async_nats::jetstream::new(prov.clone());
+    pjs.set_timeout(Duration::from_millis(1500));
+    let pneeds = pjs.get_key_value(NEEDS).await.unwrap();
     assert!(pneeds.put("alpha.app.config.y", "{}".into()).await.is_err());
-    assert!(prov.get_key_value(APPLIED).await.unwrap().put("alpha.app", "{}".into()).await.is_err());
+    pdenied.expect("Publish to", &format!("$KV.{NEEDS}.alpha.app.config.y")).await;
+    assert!(pjs.delete_stream(format!("KV_{NEEDS}")).await.is_err());
+    pdenied.expect("Publish to", &format!("$JS.API.STREAM.DELETE.KV_{NEEDS}")).await;
+    for subject in [
+        format!("$KV.{APPLIED}.alpha.app"),
+        format!("$KV.{COLLECT}.alpha.shell.app"),
+        "$KV.composed-alpha.app.b1".to_string(),
+        "$KV.mesh-controller_assignments.alpha.app".to_string(),
+        format!("$JS.API.STREAM.PURGE.KV_{APPLIED}"),
+        format!("$JS.API.STREAM.UPDATE.KV_{COLLECT}"),
+        format!("$JS.API.STREAM.MSG.DELETE.KV_{NEEDS}"),
+        format!("$JS.API.CONSUMER.DELETE.KV_{NEEDS}.x"),
+        "$JS.API.STREAM.CREATE.KV_composed-alpha".to_string(),
+        "mesh-vault.secret".to_string(),
+        "anything.else".to_string(),
+    ] {
+        publish(&prov, &subject).await;
+        pdenied.expect("Publish to", &subject).await;
+    }
+    // Nor listen to other services' traffic (a secret's reply, say).
+    let _sub = prov.subscribe("mesh-vault.>").await.unwrap();
+    prov.flush().await.unwrap();
+    pdenied.expect("Subscription to", "mesh-vault.>").await;
 
     // A provider reads the needs and writes none.
-    let provider = bus.js("provider-postgres").await;
-    let pn = provider.get_key_value(NEEDS).await.unwrap();
+    let (provider, vdenied) = bus.watched("provider-postgres").await;
+    let mut vjs = async_nats::jetstream::new(provider.clone());
+    vjs.set_timeout(Duration::from_millis(1500));
+    let pn = vjs.get_key_value(NEEDS).await.unwrap();
     assert_eq!(pn.get("alpha.app.config.x").await.unwrap().as_deref(), Some(&b"{}"[..]));
     assert!(pn.put("alpha.app.config.z", "{}".into()).await.is_err());
+    vdenied.expect("Publish to", &format!("$KV.{NEEDS}.alpha.app.config.z")).await;
 
-    // Nothing refused landed.
+    // Nothing refused landed, and the provisioner's own work was never refused.
     assert_eq!(registry_state(&bus).await, before);
     for key in ["beta.app.config.x", "alpha.app.config.y", "alpha.app.config.z"] {
         assert!(pneeds.get(key).await.unwrap().is_none(), "{key} landed");
     }
+    assert!(pjs.get_key_value(APPLIED).await.unwrap().get("beta.app").await.unwrap().is_none());
+    assert!(!host.log_text().to_lowercase().contains("permissions violation"), "the server refused the host:\n{}", host.log_text());
     host.stop().await;
 }
 
@@ -227,7 +269,7 @@ async fn srv_ping_and_info_name_the_component() {
     let info: Value = serde_json::from_slice(&info.payload).unwrap();
     let digest = hex::encode(Sha256::digest(std::fs::read(tests::component_path()).unwrap()));
     assert_eq!(info["metadata"]["component_digest"], digest.as_str());
-    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.1.0");
+    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.2.0");
     assert_eq!(info["endpoints"][0]["subject"], "mesh-provisioner.provisioning");
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.unwrap();
     assert!(serde_json::from_slice::<Value>(&stats.payload).unwrap()["endpoints"].is_array());
@@ -250,4 +292,48 @@ async fn bad_requests_get_error_headers_and_the_service_keeps_answering() {
     let v = ask_until(&c, json!({"what":"needs","node":"beta"}), 1).await;
     assert_eq!(keys(&v), ["beta.app.config.db=2Eurl"]);
     host.stop().await;
+}
+
+/// The provisioner's user, first without the right to write the registry, then with it.
+const REGISTRY_DENIED: &str = r#"listen: "127.0.0.1:{{PORT}}"
+jetstream { store_dir: "{{DIR}}/js" }
+accounts { MESH { jetstream: enabled, users: [
+  { user: "prov", password: "prov-pw", permissions: { publish: { allow: [">"], deny: ["$KV.mesh-provisioner_registry.>"] } } }
+] } }
+"#;
+
+#[tokio::test]
+async fn a_failed_reconcile_is_retried_within_seconds_not_at_the_next_tick() {
+    let server = tests::nats::RawServer::start(REGISTRY_DENIED).await;
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let host = Host::spawn_as(tempfile::tempdir().unwrap(), &tests::component_path(), &["--nats-url", &url, "--user", "prov", "--password", "prov-pw", "--seat-ttl", "2s"]);
+    let start = std::time::Instant::now();
+    while !host.log_text().contains("registry reconcile failed") {
+        assert!(start.elapsed() < Duration::from_secs(30), "the denied reconcile never failed:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(host.log_text().contains("trying again in"), "{}", host.log_text());
+    // The operator fixes the grant; the registry is written on the next try (the timer ticks
+    // hourly).
+    server.reload(&REGISTRY_DENIED.replace(r#", deny: ["$KV.mesh-provisioner_registry.>"]"#, ""));
+    let client = async_nats::ConnectOptions::with_user_and_password("prov".into(), "prov-pw".into()).connect(&url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let start = std::time::Instant::now();
+    loop {
+        // Right after a reload the account's JetStream API may be briefly away: ask again.
+        let keys: Vec<String> = match js.get_key_value(REGISTRY).await {
+            Ok(kv) => match kv.keys().await {
+                Ok(keys) => keys.filter_map(|k| async move { k.ok() }).collect().await,
+                Err(_) => Vec::new(),
+            },
+            Err(_) => Vec::new(),
+        };
+        if keys.len() == 13 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "the registry was not written after the grant came back ({} keys):\n{}", keys.len(), host.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    host.stop().await;
+    server.stop().await;
 }

@@ -2,8 +2,6 @@
 //! [`Backend`](crate::backend::Backend). Every host failure reaches the guest through
 //! [`host_error`], the one place a host [`Error`] becomes the WIT `host-error`.
 
-use std::time::Duration;
-
 use wasmtime::component::HasData;
 
 use super::Ctx;
@@ -17,10 +15,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::mesh::provisioner::api;
-use mesh::provisioner::{bus, kept_plans, log, registry_writer, store, types};
-
-/// Longest a guest's bus request may wait, whatever it asks.
-pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+use mesh::provisioner::{kept_plans, log, registry_writer, store, types};
 
 /// The one mapping from a host failure to what the guest sees.
 pub fn host_error(e: Error) -> types::HostError {
@@ -38,6 +33,20 @@ pub fn host_error(e: Error) -> types::HostError {
 
 type R<T> = wasmtime::Result<Result<T, types::HostError>>;
 
+/// What an import leaves of a call's time, so the guest can still answer with the import's
+/// error (a `503`) rather than be interrupted at the deadline itself.
+const IMPORT_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs an import's work within the call's deadline: a mirror that is slow to sync or a bus that
+/// does not answer can never hold a call (and so a reply) past it. What ran out is a `timeout`.
+async fn bounded<T>(deadline: std::time::Instant, what: &str, work: impl std::future::Future<Output = crate::error::Result<T>>) -> Result<T, types::HostError> {
+    let until = deadline.checked_sub(IMPORT_MARGIN).unwrap_or(deadline);
+    match tokio::time::timeout_at(tokio::time::Instant::from_std(until), work).await {
+        Ok(done) => done.map_err(host_error),
+        Err(_) => Err(host_error(Error::new(ErrorKind::Timeout, format!("the call's deadline passed during {what}")))),
+    }
+}
+
 fn entry(e: crate::mirror::Entry) -> types::Entry {
     types::Entry { key: e.key, revision: e.revision, value: e.value }
 }
@@ -46,25 +55,29 @@ impl types::Host for Ctx {}
 
 impl store::Host for Ctx {
     async fn get(&mut self, bucket: String, key: String) -> R<Option<types::Entry>> {
-        let got = async { self.backend.mirror(&bucket).await?.get(&key) }.await;
-        Ok(got.map(|e| e.map(entry)).map_err(host_error))
+        let got = match bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await {
+            Ok(mirror) => mirror.get(&key).map_err(host_error),
+            Err(e) => Err(e),
+        };
+        Ok(got.map(|e| e.map(entry)))
     }
 
     async fn scan(&mut self, bucket: String, filter: String, after: Option<String>, limit: u32) -> R<store::Page> {
-        let page = async { self.backend.mirror(&bucket).await?.scan(&filter, after.as_deref(), limit) }.await;
-        Ok(page
-            .map(|p| store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
-            .map_err(host_error))
+        let page = match bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await {
+            Ok(mirror) => mirror.scan(&filter, after.as_deref(), limit).map_err(host_error),
+            Err(e) => Err(e),
+        };
+        Ok(page.map(|p| store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision }))
     }
 }
 
 impl registry_writer::Host for Ctx {
     async fn put(&mut self, key: String, value: Vec<u8>, expected: u64) -> R<u64> {
-        Ok(self.backend.put_registry(&key, value, expected).await.map_err(host_error))
+        Ok(bounded(self.deadline, "a registry write", self.backend.put_registry(&key, value, expected)).await)
     }
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
-        Ok(self.backend.delete_registry(&key, expected).await.map_err(host_error))
+        Ok(bounded(self.deadline, "a registry delete", self.backend.delete_registry(&key, expected)).await)
     }
 }
 
@@ -75,13 +88,6 @@ impl kept_plans::Host for Ctx {
 
     async fn save(&mut self, node: String, module: String, plan: Vec<u8>) -> R<()> {
         Ok(self.backend.kept().save(&node, &module, &plan).map_err(host_error))
-    }
-}
-
-impl bus::Host for Ctx {
-    async fn request(&mut self, subject: String, body: Vec<u8>, timeout_ms: u32) -> R<Vec<u8>> {
-        let timeout = Duration::from_millis(timeout_ms as u64).min(MAX_REQUEST_TIMEOUT);
-        Ok(self.backend.request(&subject, body, timeout).await.map_err(host_error))
     }
 }
 

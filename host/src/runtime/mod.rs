@@ -23,7 +23,6 @@ use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
 use bindings::{api, Imports, Provisioner, ProvisionerPre};
 
-pub use bindings::MAX_REQUEST_TIMEOUT;
 
 /// How often the epoch advances: a long call yields this often and is checked against its deadline.
 pub const TICK: Duration = Duration::from_millis(5);
@@ -166,12 +165,28 @@ impl Runtime {
             return Err(Error::new(ErrorKind::Guest, "not a WebAssembly file (no \\0asm header)"));
         }
         let (component, cached) = self.compile(bytes, &digest, cache)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(guest_err("the component does not fit the WIT world (mesh:provisioner@0.1.0)"))?;
-        let pre = ProvisionerPre::new(pre).map_err(guest_err("the component does not export the WIT api"))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| self.misfit(&component, e))?;
+        let pre = ProvisionerPre::new(pre).map_err(|e| self.misfit(&component, e))?;
         Ok(Guest { runtime: self.clone(), pre, digest, cached, pool: Default::default() })
+    }
+
+    /// Why a component does not link against this host's world, in words an operator can act
+    /// on: built for another version of the WIT package, or importing what this host does not
+    /// provide (a way to publish on the bus, say).
+    fn misfit(&self, component: &Component, e: wasmtime::Error) -> Error {
+        let ty = component.component_type();
+        let names: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).chain(ty.exports(&self.engine).map(|(n, _)| n.to_string())).collect();
+        let ours = crate::WIT_VERSION.rsplit_once('@').map(|(_, v)| v).unwrap_or_default();
+        let other = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("mesh:provisioner/"))
+            .filter_map(|n| n.rsplit_once('@').map(|(_, v)| v))
+            .find(|v| *v != ours);
+        let why = match other {
+            Some(v) => format!("the component was built for mesh:provisioner@{v}; this host speaks {}", crate::WIT_VERSION),
+            None => format!("the component does not fit the WIT world ({})", crate::WIT_VERSION),
+        };
+        Error::new(ErrorKind::Guest, format!("{why}: {e:#}"))
     }
 
     fn compile(&self, bytes: &[u8], digest: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
@@ -258,6 +273,8 @@ pub struct RefreshReport {
     pub waiting: Vec<String>,
     /// Changes the guest left for a later call.
     pub rest: Vec<Change>,
+    /// Changes whose plans could not be kept: asked again after a backoff.
+    pub retry: Vec<Change>,
 }
 
 /// A bucket change reported to the guest; `key` none: the whole bucket.
@@ -417,6 +434,7 @@ impl Guest {
                 held: r.held,
                 waiting: r.waiting,
                 rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
+                retry: r.retry.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
             })
             .map_err(|e| format!("{e:?}")))
     }
