@@ -6,7 +6,7 @@ use crate::env::{Entry, Env, HostError, Level, Page};
 wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
 
 use exports::mesh::provisioner::api;
-use mesh::provisioner::{kept_plans, log, registry_writer, store, types};
+use mesh::provisioner::{discovery, kept_plans, log, registry_writer, store, types};
 
 /// The component's imports, as the logic sees them.
 struct Imports;
@@ -47,6 +47,14 @@ impl Env for Imports {
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
         let p = store::scan(bucket, filter, after, limit).map_err(host_error)?;
         Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+    }
+
+    fn exists(&self, bucket: &str) -> Result<bool, HostError> {
+        store::exists(bucket).map_err(host_error)
+    }
+
+    fn responders(&self, service: &str) -> Result<u32, HostError> {
+        discovery::responders(service).map_err(host_error)
     }
 
     fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError> {

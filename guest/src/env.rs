@@ -60,6 +60,10 @@ pub enum Level {
 pub trait Env {
     fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError>;
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError>;
+    /// Whether `bucket` exists (a missing bucket reads as empty).
+    fn exists(&self, bucket: &str) -> Result<bool, HostError>;
+    /// How many instances of the micro service `service` answer discovery now.
+    fn responders(&self, service: &str) -> Result<u32, HostError>;
     fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError>;
     fn delete_registry(&self, key: &str, expected: u64) -> Result<(), HostError>;
     fn log(&self, level: Level, message: &str);

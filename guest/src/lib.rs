@@ -15,6 +15,7 @@ pub mod reconcile;
 pub mod refresh;
 pub mod registry;
 pub mod request;
+pub mod status;
 pub mod value;
 pub mod verb;
 

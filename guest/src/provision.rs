@@ -78,14 +78,14 @@ pub fn malformed(out: &mut String, raw: &Value, reason: &str) {
     o.end();
 }
 
-enum Resolved {
+pub(crate) enum Resolved {
     Verb { domain: &'static str, verb: &'static str },
     Bucket { domain: String, bucket: String, collection: Option<String>, place: String, wild: bool },
     Unanswered(String),
     Malformed(String),
 }
 
-fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
+pub(crate) fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
     if let Some(p) = identifier_problem(&need.kind) {
         return Resolved::Malformed(format!("the kind {p}"));
     }

@@ -26,6 +26,7 @@ pub enum What {
     Needs,
     Applied,
     Collect,
+    Status,
 }
 
 impl What {
@@ -35,6 +36,7 @@ impl What {
             What::Needs => "needs",
             What::Applied => "applied",
             What::Collect => "collect",
+            What::Status => "status",
         }
     }
 
@@ -46,6 +48,7 @@ impl What {
                 | (What::Needs, "node" | "module" | "kind")
                 | (What::Applied, "node" | "module")
                 | (What::Collect, "node" | "module" | "collection")
+                | (What::Status, "node" | "module")
         )
     }
 }
@@ -142,9 +145,10 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "needs" => What::Needs,
             "applied" => What::Applied,
             "collect" => What::Collect,
+            "status" => What::Status,
             other => {
                 return Err(format!(
-                    "field `what` is {:?}; it is one of registry, needs, applied, collect",
+                    "field `what` is {:?}; it is one of registry, needs, applied, collect, status",
                     shorten(other)
                 ))
             }

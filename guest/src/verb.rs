@@ -99,6 +99,8 @@ impl Scope {
                 bucket: keys::COLLECT,
                 tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)],
             },
+            // Answered by `status`, never scoped here.
+            What::Status => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
         }
     }
 
@@ -123,6 +125,9 @@ enum Part {
 }
 
 fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostError> {
+    if q.what == What::Status {
+        return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget);
+    }
     let scope = Scope::of(q);
     let after = q.after.as_deref();
     let mut found: Vec<Entry> = Vec::new();
@@ -188,7 +193,8 @@ fn item(what: What, e: &Entry) -> Item {
             field(&mut s, "kind", &k.kind);
             field(&mut s, "name", &k.name);
         }),
-        What::Applied => parse_applied(&e.key).map(|k| {
+        // (`status` lists modules, rendered by `status`; never items of one bucket.)
+        What::Applied | What::Status => parse_applied(&e.key).map(|k| {
             field(&mut s, "node", &k.node);
             field(&mut s, "module", &k.module);
         }),

@@ -24,6 +24,19 @@ pub trait Backend: Send + Sync + 'static {
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>>;
     /// Where the guest's plans are kept.
     fn kept(&self) -> &KeptPlans;
+    /// How many instances of the micro service `service` answer `$SRV.PING.<service>`.
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>>;
+}
+
+/// A service name as discovery asks it: one subject token, no wildcard, checked before the bus
+/// is asked.
+pub fn check_service(service: &str) -> Result<()> {
+    let ok = !service.is_empty() && service.len() <= 255 && service.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Invalid, format!("{:?} is not a service name", service.chars().take(80).collect::<String>())))
+    }
 }
 
 /// Bucket names as JetStream accepts them, checked before anything is asked.
@@ -41,6 +54,7 @@ pub fn check_bucket(bucket: &str) -> Result<()> {
 /// Buckets in memory. Revisions count per bucket, as in a JetStream stream.
 pub struct MemoryBackend {
     mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
+    services: Mutex<HashMap<String, u32>>,
     writes: Mutex<u64>,
     kept: KeptPlans,
 }
@@ -53,7 +67,7 @@ impl MemoryBackend {
 
     /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
     pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
-        Arc::new(MemoryBackend { mirrors: Mutex::default(), writes: Mutex::default(), kept })
+        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), writes: Mutex::default(), kept })
     }
 
     /// The bucket's mirror, created empty and ready if missing.
@@ -91,6 +105,21 @@ impl MemoryBackend {
         let rev = m.revision() + 1;
         m.delete(key, rev);
         rev
+    }
+
+    /// Makes `bucket` not exist: empty, and said to be missing.
+    pub fn remove_bucket(&self, bucket: &str) {
+        self.bucket(bucket).set_missing(true);
+    }
+
+    /// Says that `count` instances of `service` answer discovery.
+    pub fn set_responders(&self, service: &str, count: u32) {
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).insert(service.to_string(), count);
+    }
+
+    /// How many instances of `service` answer discovery (none unless set).
+    pub fn responders_of(&self, service: &str) -> u32 {
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).copied().unwrap_or(0)
     }
 
     /// How many registry writes the guest has made.
@@ -134,5 +163,12 @@ impl Backend for MemoryBackend {
 
     fn kept(&self) -> &KeptPlans {
         &self.kept
+    }
+
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            check_service(service)?;
+            Ok(self.responders_of(service))
+        })
     }
 }

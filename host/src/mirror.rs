@@ -45,6 +45,8 @@ struct State {
     entries: BTreeMap<Box<str>, Stored>,
     revision: u64,
     ready: bool,
+    /// The bucket does not exist (the mirror is then empty).
+    missing: bool,
 }
 
 /// A bucket's contents, as of [`Mirror::revision`].
@@ -91,6 +93,20 @@ impl Mirror {
 
     pub fn is_ready(&self) -> bool {
         self.read().ready
+    }
+
+    /// Marks the bucket as not existing (emptied) or existing.
+    pub fn set_missing(&self, missing: bool) {
+        let mut s = self.write();
+        if missing {
+            s.entries.clear();
+        }
+        s.missing = missing;
+    }
+
+    /// Whether the bucket exists, as last seen.
+    pub fn exists(&self) -> bool {
+        !self.read().missing
     }
 
     /// Empties the mirror before a resync.

@@ -30,10 +30,22 @@ pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provision
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a bucket that does not exist yet is looked for.
 const MISSING_POLL: Duration = Duration::from_secs(1);
+/// How long a discovery answer is reused: a status page over many modules pings a service once.
+const DISCOVERY_CACHE: Duration = Duration::from_secs(3);
+/// How long discovery waits for the first responder, and for more after the last one.
+const DISCOVERY_WAIT: Duration = Duration::from_millis(250);
+const DISCOVERY_SETTLE: Duration = Duration::from_millis(30);
+/// Most services whose discovery answers are kept.
+const DISCOVERY_KEPT: usize = 1024;
 /// Most buckets mirrored at once: the guest names buckets, and each costs a watch.
 pub const MAX_MIRRORS: usize = 4096;
 
 pub struct NatsBackend {
+    client: Client,
+    /// Discovery answers by service: when asked and how many responded.
+    discovered: std::sync::Mutex<HashMap<String, (Instant, u32)>>,
+    /// Discovery pings sent (each a cache miss).
+    pings: std::sync::atomic::AtomicU64,
     js: jetstream::Context,
     registry: kv::Store,
     mirrors: std::sync::Mutex<HashMap<String, Arc<Mirror>>>,
@@ -55,6 +67,9 @@ impl NatsBackend {
             open_bucket(&js, bucket_config(b, "written by each node's provisioner client", 1, replicas)).await?;
         }
         Ok(Arc::new(NatsBackend {
+            client,
+            discovered: Default::default(),
+            pings: Default::default(),
             js,
             registry,
             mirrors: Default::default(),
@@ -128,6 +143,43 @@ impl NatsBackend {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
+    }
+
+    /// Discovery pings sent so far (cache misses).
+    pub fn pings(&self) -> u64 {
+        self.pings.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Pings `$SRV.PING.<service>` and counts the distinct instances that answer: wait for the
+    /// first up to [`DISCOVERY_WAIT`], then for more until none came for [`DISCOVERY_SETTLE`].
+    /// With the connection down the answer is unknown (an error), never "none".
+    async fn discover(&self, service: &str) -> Result<u32> {
+        let down = |why: String| Error::new(ErrorKind::Unavailable, format!("discovery of {service}: {why}"));
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(down("not connected to the bus".into()));
+        }
+        let inbox = self.client.new_inbox();
+        let mut replies = self.client.subscribe(inbox.clone()).await.map_err(|e| down(e.to_string()))?;
+        self.client
+            .publish_with_reply(format!("$SRV.PING.{service}"), inbox, bytes::Bytes::new())
+            .await
+            .map_err(|e| down(e.to_string()))?;
+        self.pings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
+        let mut ids = std::collections::HashSet::new();
+        let mut until = started + DISCOVERY_WAIT;
+        while let Ok(reply) = tokio::time::timeout_at(until, replies.next()).await {
+            let Some(m) = reply else { return Err(down("the reply subscription ended".into())) };
+            if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                break;
+            }
+            // Each instance names itself; an answer without an id still counts once.
+            let id = serde_json::from_slice::<serde_json::Value>(&m.payload).ok().and_then(|v| v["id"].as_str().map(str::to_string));
+            ids.insert(id.unwrap_or_else(|| format!("anonymous-{}", ids.len())));
+            until = (tokio::time::Instant::now() + DISCOVERY_SETTLE).min(started + DISCOVERY_WAIT);
+        }
+        let _ = replies.unsubscribe().await;
+        Ok(ids.len() as u32)
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -218,6 +270,7 @@ impl Follower {
                 Followed::Missing => {
                     if !was_missing {
                         self.mirror.clear();
+                        self.mirror.set_missing(true);
                         self.mirror.set_ready(true);
                         self.changes.record(&self.bucket, None);
                         tracing::debug!(bucket = self.bucket, "bucket does not exist yet: mirrored as empty");
@@ -259,6 +312,7 @@ impl Follower {
             Err(e) => return Followed::Lost(Err(e)),
         };
         mirror.clear();
+        mirror.set_missing(false);
         if status.values() == 0 {
             mirror.set_ready(true);
             self.changes.record(bucket, None);
@@ -338,5 +392,25 @@ impl Backend for NatsBackend {
 
     fn kept(&self) -> &KeptPlans {
         &self.kept
+    }
+
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            crate::backend::check_service(service)?;
+            let cached = self.discovered.lock().unwrap_or_else(|p| p.into_inner()).get(service).copied();
+            if let Some((at, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
+                let _ = at;
+                return Ok(n);
+            }
+            let n = self.discover(service).await?;
+            let mut kept = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() >= DISCOVERY_KEPT {
+                kept.retain(|_, (at, _)| at.elapsed() < DISCOVERY_CACHE);
+            }
+            if kept.len() < DISCOVERY_KEPT {
+                kept.insert(service.to_string(), (Instant::now(), n));
+            }
+            Ok(n)
+        })
     }
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 pub mod golden;
 pub mod native;
 pub mod nats;
+pub mod status_mesh;
 
 /// The workspace's root. Read at run time (cargo sets it for tests and benches): a target
 /// directory shared between clones at other paths may hold a binary built in another clone.

@@ -23,6 +23,12 @@ impl Env for Native {
         let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
         Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
     }
+    fn exists(&self, bucket: &str) -> Result<bool, HostError> {
+        Ok(self.0.bucket(bucket).exists())
+    }
+    fn responders(&self, service: &str) -> Result<u32, HostError> {
+        Ok(self.0.responders_of(service))
+    }
     fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
         Err(HostError::Denied("read-only".into()))
     }

@@ -15,7 +15,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::mesh::provisioner::api;
-use mesh::provisioner::{kept_plans, log, registry_writer, store, types};
+use mesh::provisioner::{discovery, kept_plans, log, registry_writer, store, types};
 
 /// The one mapping from a host failure to what the guest sees.
 pub fn host_error(e: Error) -> types::HostError {
@@ -68,6 +68,17 @@ impl store::Host for Ctx {
             Err(e) => Err(e),
         };
         Ok(page.map(|p| store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision }))
+    }
+
+    async fn exists(&mut self, bucket: String) -> R<bool> {
+        let mirror = bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await;
+        Ok(mirror.map(|m| m.exists()))
+    }
+}
+
+impl discovery::Host for Ctx {
+    async fn responders(&mut self, service: String) -> R<u32> {
+        Ok(bounded(self.deadline, &format!("discovery of {service}"), self.backend.responders(&service)).await)
     }
 }
 

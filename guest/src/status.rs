@@ -1,0 +1,571 @@
+//! Module status (SPEC §7.1): every module's state, and each of its needs checked now, not read
+//! from a record.
+//!
+//! A module is known from its assignment, its applied record, its needs records, or (when a node
+//! is asked) its node engine's compositions. Its needs are the union of its needs records and
+//! its current plan's needs, by kind and name. Each need is checked where the registry says its
+//! value lives: a bucket key is read from the mirror (`present` with its revision, `missing`, or
+//! `no_provider` when the bucket does not exist), a verb's service is asked by discovery only
+//! (`answered` with the responder count, or `no_provider`); a need of a part the applied record
+//! does not list is `not_installed`, a kind no domain answers `unanswered`, and a check that
+//! cannot be made now is `unknown`, never passing. The module's state follows, `blocked` first,
+//! then `degraded`. Everything here is decided in the guest; the host only answers reads.
+
+use serde_json::Value;
+
+use crate::env::{Env, HostError};
+use crate::escape::{is_identifier, shorten};
+use crate::keys::{composed, parse_assignment, parse_composed, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::plan;
+use crate::provision::{self, Need, Resolved};
+use crate::reconcile::scan_all;
+use crate::value::{push_list, push_str, Obj};
+use crate::verb::{Code, Reply};
+
+/// Most modules one page of status holds: each costs a plan and a check per need.
+pub const MAX_MODULES: u32 = 200;
+/// Most needs keys read to find one page's modules; past it the page ends early (with `next`).
+const MAX_NEEDS_READ: usize = 20_000;
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    Present { revision: u64 },
+    /// A collection read: how many items it holds now, and the newest revision among them.
+    Collected { items: usize, revision: u64 },
+    Answered { responders: u32 },
+    Missing,
+    NoProvider,
+    Unanswered,
+    NotInstalled,
+    Unknown,
+}
+
+impl Check {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Check::Present { .. } | Check::Collected { .. } => "present",
+            Check::Answered { .. } => "answered",
+            Check::Missing => "missing",
+            Check::NoProvider => "no_provider",
+            Check::Unanswered => "unanswered",
+            Check::NotInstalled => "not_installed",
+            Check::Unknown => "unknown",
+        }
+    }
+}
+
+/// Where a need's value is found, as the registry resolves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    Bucket { domain: String, bucket: String, place: String, filter: bool },
+    Verb { domain: String, verb: String },
+    Nowhere,
+}
+
+/// One need of a module, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeedStatus {
+    pub kind: String,
+    pub name: String,
+    pub part: Option<String>,
+    pub recorded: bool,
+    pub planned: bool,
+    pub place: Place,
+    pub check: Check,
+    pub reason: String,
+}
+
+/// A module's state (SPEC §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    NeverRan,
+    Pending,
+    NothingNeeded,
+    Applied,
+    Degraded,
+    Blocked,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::NeverRan => "never_ran",
+            State::Pending => "pending",
+            State::NothingNeeded => "nothing_needed",
+            State::Applied => "applied",
+            State::Degraded => "degraded",
+            State::Blocked => "blocked",
+        }
+    }
+}
+
+/// A key in a module's scope that does not fit its bucket's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfShape {
+    pub bucket: &'static str,
+    pub key: String,
+    pub revision: u64,
+    pub reason: String,
+}
+
+/// One module's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleStatus {
+    pub node: String,
+    pub module: String,
+    pub want: Option<String>,
+    pub have: Option<String>,
+    pub applied_at: Option<String>,
+    pub state: State,
+    pub reason: String,
+    pub needs: Vec<NeedStatus>,
+    pub out_of_shape: Vec<OutOfShape>,
+    /// The newest revision among what was read.
+    pub revision: u64,
+}
+
+/// The applied record, as far as it can be read.
+#[derive(Debug, Default)]
+struct Applied {
+    build: Option<String>,
+    needs: Option<u64>,
+    at: Option<String>,
+    parts: Option<Vec<String>>,
+    /// Why the record cannot be read, if it cannot.
+    odd: Option<String>,
+}
+
+fn applied_record(value: &[u8]) -> Applied {
+    let v: Value = match serde_json::from_slice(value) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return Applied { odd: Some("the applied record is not a JSON object".into()), ..Applied::default() },
+    };
+    let text = |f: &str| v.get(f).and_then(Value::as_str).map(str::to_string);
+    let parts = match v.get("parts") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(a.iter().filter_map(Value::as_str).map(str::to_string).collect()),
+        Some(_) => return Applied { odd: Some("the applied record's `parts` is not a list".into()), ..Applied::default() },
+    };
+    Applied { build: text("build"), needs: v.get("needs").and_then(Value::as_u64), at: text("at"), parts, odd: None }
+}
+
+/// Checks one need of `module` on `node` now.
+fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>) -> (Place, Check, String) {
+    if let (Some(part), Some(parts)) = (&need.part, parts) {
+        if !parts.iter().any(|p| p == part) {
+            let why = format!("part {part} is not installed on {node} (the applied record lists {})", parts.join(", "));
+            return (Place::Nowhere, Check::NotInstalled, why);
+        }
+    }
+    match provision::resolve(node, module, need) {
+        Resolved::Unanswered(why) => (Place::Nowhere, Check::Unanswered, why),
+        Resolved::Malformed(why) => (Place::Nowhere, Check::Unanswered, format!("no domain can answer it: {why}")),
+        Resolved::Verb { domain, verb } => {
+            let place = Place::Verb { domain: domain.to_string(), verb: verb.to_string() };
+            match env.responders(domain) {
+                Ok(0) => (place, Check::NoProvider, format!("no instance of {domain} answers discovery ($SRV.PING.{domain})")),
+                Ok(n) => (place, Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
+                Err(e) => (place, Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
+            }
+        }
+        Resolved::Bucket { domain, bucket, place, wild, .. } => {
+            let (check, why) = match env.exists(&bucket) {
+                Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
+                Ok(false) => (Check::NoProvider, format!("bucket {bucket} does not exist: {domain} is not installed")),
+                Ok(true) if wild => match scan_all(env, &bucket, &place) {
+                    Ok(items) => {
+                        let revision = items.iter().map(|e| e.revision).max().unwrap_or(0);
+                        (Check::Collected { items: items.len(), revision }, format!("the collection holds {} item(s)", items.len()))
+                    }
+                    Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
+                },
+                Ok(true) => match env.get(&bucket, &place) {
+                    Ok(Some(e)) => (Check::Present { revision: e.revision }, format!("a value is at {bucket} {place}")),
+                    Ok(None) => (Check::Missing, format!("no value at {bucket} {place}")),
+                    Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
+                },
+            };
+            (Place::Bucket { domain, bucket, place, filter: wild }, check, why)
+        }
+    }
+}
+
+/// The first few `kind:name (reason)` of `needs`, for a module's reason.
+fn summary(needs: &[&NeedStatus]) -> String {
+    const SHOWN: usize = 3;
+    let mut s: Vec<String> = needs.iter().take(SHOWN).map(|n| format!("{}:{} ({})", n.kind, n.name, n.reason)).collect();
+    if needs.len() > SHOWN {
+        s.push(format!("and {} more", needs.len() - SHOWN));
+    }
+    s.join("; ")
+}
+
+/// The status of `module` on `node`, checked now.
+pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, HostError> {
+    let pair = format!("{node}.{module}");
+    let plan = plan::compute(env, node, module, false)?;
+    let mut out_of_shape = Vec::new();
+    let mut revision = 0;
+
+    let applied = env.get(APPLIED, &pair)?;
+    revision = applied.as_ref().map_or(revision, |e| e.revision.max(revision));
+    let record = applied.as_ref().map(|e| applied_record(&e.value));
+
+    // The needs: recorded first (in key order), then the plan's that were not recorded.
+    let mut needs: Vec<(Need, bool, bool)> = Vec::new();
+    for e in scan_all(env, NEEDS, &format!("{pair}.>"))? {
+        revision = revision.max(e.revision);
+        match parse_need(&e.key) {
+            Ok(k) => {
+                let part = serde_json::from_slice::<Value>(&e.value).ok().and_then(|v| v.get("part").and_then(Value::as_str).map(str::to_string));
+                needs.push((Need { kind: k.kind, name: k.name, part }, true, false));
+            }
+            Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),
+        }
+    }
+    for bucket in [APPLIED, ASSIGNMENTS] {
+        for e in scan_all(env, bucket, &format!("{pair}.>"))? {
+            let reason = parse_assignment(&e.key).err().unwrap_or_default().replace("assignment keys", if bucket == APPLIED { "applied keys" } else { "assignment keys" });
+            out_of_shape.push(OutOfShape { bucket, key: e.key, revision: e.revision, reason });
+        }
+    }
+    let planned = plan.entries.first().and_then(|e| e.plan.as_ref());
+    let mut unreadable = Vec::new();
+    for raw in planned.map(|(_, body)| body.needs.as_slice()).unwrap_or_default() {
+        match provision::need(raw) {
+            Ok(n) => match needs.iter_mut().find(|(have, _, _)| have.kind == n.kind && have.name == n.name) {
+                Some((have, _, planned)) => {
+                    *planned = true;
+                    if have.part.is_none() {
+                        have.part = n.part;
+                    }
+                }
+                None => needs.push((n, false, true)),
+            },
+            Err(why) => unreadable.push(why),
+        }
+    }
+
+    let parts = record.as_ref().and_then(|r| r.parts.as_deref());
+    let mut checked: Vec<NeedStatus> = needs
+        .into_iter()
+        .map(|(need, recorded, planned)| {
+            let (place, check, reason) = check(env, node, module, &need, parts);
+            NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason }
+        })
+        .collect();
+    for why in unreadable {
+        checked.push(NeedStatus {
+            kind: String::new(),
+            name: String::new(),
+            part: None,
+            recorded: false,
+            planned: true,
+            place: Place::Nowhere,
+            check: Check::Unanswered,
+            reason: format!("the plan lists a need that cannot be read: {why}"),
+        });
+    }
+
+    let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
+    for n in &checked {
+        if let Check::Present { revision: r } | Check::Collected { revision: r, .. } = n.check {
+            revision = revision.max(r);
+        }
+    }
+    Ok(ModuleStatus {
+        node: node.into(),
+        module: module.into(),
+        want: plan.want.clone(),
+        have: record.as_ref().and_then(|r| r.build.clone()),
+        applied_at: record.as_ref().and_then(|r| r.at.clone()),
+        state,
+        reason,
+        needs: checked,
+        out_of_shape,
+        revision,
+    })
+}
+
+/// The module's state and its reason, from its needs' checks and its applied record.
+fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>, needs: &[NeedStatus]) -> (State, String) {
+    // A need of a part not installed counts for nothing.
+    let counted: Vec<&NeedStatus> = needs.iter().filter(|n| n.check != Check::NotInstalled).collect();
+    let with = |f: fn(&Check) -> bool| counted.iter().copied().filter(|n| f(&n.check)).collect::<Vec<_>>();
+    let blocked = with(|c| matches!(c, Check::Unanswered | Check::NoProvider));
+    if !blocked.is_empty() {
+        return (State::Blocked, format!("{} need(s) cannot be satisfied now: {}", blocked.len(), summary(&blocked)));
+    }
+    let unknown = with(|c| *c == Check::Unknown);
+    let unknown_note = if unknown.is_empty() { String::new() } else { format!("; {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)) };
+    let Some(applied) = applied else {
+        if counted.is_empty() && needs.is_empty() {
+            let known = match (&plan.want, plan.entries.is_empty()) {
+                (Some(w), _) => format!("assigned (want {w})"),
+                (None, false) => "composed".to_string(),
+                (None, true) => "known".to_string(),
+            };
+            return (State::NeverRan, format!("{module} on {node} is {known}, but has no applied record and no needs recorded: its provisioning never ran"));
+        }
+        return (State::Pending, format!("{} need(s) recorded or planned, nothing applied yet{unknown_note}", needs.len()));
+    };
+    let build = applied.build.as_deref().unwrap_or("an unnamed build");
+    let missing = with(|c| *c == Check::Missing);
+    if !missing.is_empty() {
+        return (State::Degraded, format!("applied {build}, but {} grant(s) no longer hold: {}{unknown_note}", missing.len(), summary(&missing)));
+    }
+    if !unknown.is_empty() {
+        // Never better than it is: a check not made is not a check passed.
+        return (State::Degraded, format!("applied {build}, but {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)));
+    }
+    if let Some(odd) = &applied.odd {
+        return (State::Degraded, format!("applied, but {odd}"));
+    }
+    if counted.is_empty() && applied.needs == Some(0) {
+        return (State::NothingNeeded, format!("applied {build} with nothing needed"));
+    }
+    let skipped = needs.len() - counted.len();
+    let skipped = if skipped == 0 { String::new() } else { format!(" ({skipped} of parts not installed)") };
+    (State::Applied, format!("applied {build}: every need's check passes now ({} need(s){skipped})", counted.len()))
+}
+
+/// A page of modules: the `(node, module)` pairs after `after`, in key order of `<node>.<module>`.
+struct Modules {
+    pairs: Vec<(String, String)>,
+    more: bool,
+}
+
+/// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
+fn pair_of(key: &str) -> Option<(String, String)> {
+    let mut t = key.split('.');
+    let (n, m) = (t.next()?, t.next()?);
+    (is_identifier(n) && is_identifier(m)).then(|| (n.to_string(), m.to_string()))
+}
+
+fn join(p: &(String, String)) -> String {
+    format!("{}.{}", p.0, p.1)
+}
+
+/// The modules one source names: those read, and the last module up to which it is complete
+/// (`None`: read to its end).
+struct Source {
+    found: Vec<(String, String)>,
+    horizon: Option<String>,
+}
+
+/// Modules from a bucket keyed by `<node>.<module>` (assignments, applied): its key order is
+/// the page's order, so the first `limit + 1` after `after` are exactly its share.
+fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
+    let page = env.scan(bucket, filter, after, limit + 1)?;
+    let found: Vec<(String, String)> = page.entries.iter().filter_map(|e| parse_assignment(&e.key).ok().map(|k| (k.node, k.module))).collect();
+    let horizon = page.more.then(|| page.entries.last().map(|e| e.key.clone())).flatten();
+    Ok(Source { found, horizon })
+}
+
+/// Modules from a bucket whose keys start with a module's `<prefix>` tokens (needs:
+/// `<node>.<module>.…`; a composition bucket: `<module>.…`). Its key order groups a module's keys
+/// by `<prefix>.`, which sorts `app-x` before `app` ('-' < '.'), unlike the page's order: so after
+/// reading, each module that extends a shorter one with `-` has that shorter one looked up too.
+fn grouped(
+    env: &dyn Env,
+    bucket: &str,
+    filter: &str,
+    cursor: Option<&str>,
+    after: Option<&str>,
+    limit: u32,
+    module_of: &dyn Fn(&str) -> Option<(String, String)>,
+    has: &dyn Fn(&(String, String)) -> Result<bool, HostError>,
+) -> Result<Source, HostError> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    let mut cursor = cursor.map(str::to_string);
+    let (mut read, mut complete) = (0usize, false);
+    let beyond = |p: &(String, String)| after.is_none_or(|a| join(p).as_str() > a);
+    while found.len() <= limit as usize && read < MAX_NEEDS_READ {
+        let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
+        read += page.entries.len();
+        for e in &page.entries {
+            if let Some(p) = module_of(&e.key).filter(beyond) {
+                if found.last() != Some(&p) && !found.contains(&p) {
+                    found.push(p);
+                }
+            }
+        }
+        match (page.more, page.entries.last()) {
+            (true, Some(last)) => cursor = Some(last.key.clone()),
+            _ => {
+                complete = true;
+                break;
+            }
+        }
+    }
+    // Shorter modules whose keys sort after a longer one's.
+    let mut shorter = Vec::new();
+    for (node, module) in found.iter().chain(after.and_then(pair_of).as_ref()) {
+        for (i, _) in module.match_indices('-').filter(|(i, _)| *i > 0) {
+            let p = (node.clone(), module[..i].to_string());
+            if beyond(&p) && is_identifier(&p.1) && !found.contains(&p) && !shorter.contains(&p) && has(&p)? {
+                shorter.push(p);
+            }
+        }
+    }
+    let horizon = if complete { None } else { found.iter().map(join).max() };
+    found.extend(shorter);
+    Ok(Source { found, horizon })
+}
+
+fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32) -> Result<Modules, HostError> {
+    if let (Some(n), Some(m)) = (node, module) {
+        // One module: listed when any source knows it.
+        let pair = (n.to_string(), m.to_string());
+        let key = join(&pair);
+        if after.is_some_and(|a| key.as_str() <= a) {
+            return Ok(Modules { pairs: vec![], more: false });
+        }
+        let known = env.get(ASSIGNMENTS, &key)?.is_some()
+            || env.get(APPLIED, &key)?.is_some()
+            || !env.scan(NEEDS, &format!("{key}.>"), None, 1)?.entries.is_empty()
+            || !env.scan(&composed(n), &format!("{m}.*"), None, 1)?.entries.is_empty();
+        return Ok(Modules { pairs: if known { vec![pair] } else { vec![] }, more: false });
+    }
+    let tokens = |rest: &str| match (node, module) {
+        (Some(n), _) => format!("{n}.*{rest}"),
+        (None, Some(m)) => format!("*.{m}{rest}"),
+        (None, None) => format!("*.*{rest}"),
+    };
+    let mut sources = vec![
+        keyed_by_pair(env, ASSIGNMENTS, &tokens(""), after, limit)?,
+        keyed_by_pair(env, APPLIED, &tokens(""), after, limit)?,
+        grouped(env, NEEDS, &tokens(".>"), after, after, limit, &pair_of, &|p| Ok(!env.scan(NEEDS, &format!("{}.>", join(p)), None, 1)?.entries.is_empty()))?,
+    ];
+    // A node's engine may have composed modules nothing else names yet.
+    if let Some(n) = node {
+        let bucket = composed(n);
+        let module_after = match after {
+            Some(a) if a < format!("{n}.").as_str() => None,
+            Some(a) => a.strip_prefix(&format!("{n}.")).map(str::to_string),
+            None => None,
+        };
+        let skip = after.is_some_and(|a| a >= format!("{n}/").as_str());
+        if !skip {
+            let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
+            let has = |p: &(String, String)| Ok(!env.scan(&bucket, &format!("{}.*", p.1), None, 1)?.entries.is_empty());
+            sources.push(grouped(env, &bucket, ">", module_after.as_deref(), after, limit, &of, &has)?);
+        }
+    }
+    let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();
+    let mut all: Vec<(String, String)> = sources.into_iter().flat_map(|s| s.found).collect();
+    all.sort_by_key(join);
+    all.dedup();
+    all.retain(|p| after.is_none_or(|a| join(p).as_str() > a));
+    let mut more = false;
+    if let Some(h) = &horizon {
+        // A source read only so far: nothing past what it covers is known to be complete.
+        all.retain(|p| join(p) <= *h);
+        more = true;
+    }
+    if all.len() > limit as usize {
+        all.truncate(limit as usize);
+        more = true;
+    }
+    Ok(Modules { pairs: all, more })
+}
+
+/// Answers `what: "status"`: a page of modules, each rendered whole, cut by `limit` and by the
+/// reply's byte budget.
+pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
+    let limit = limit.min(MAX_MODULES);
+    let page = modules(env, node, module, after, limit)?;
+    let head_len = 64;
+    let (mut entries, mut shapes) = (String::new(), String::new());
+    let (mut revision, mut last, mut cut) = (0u64, None::<String>, false);
+    for (n, m) in &page.pairs {
+        let s = self::module(env, n, m)?;
+        let (mut entry, mut shape) = (String::new(), String::new());
+        render(&mut entry, &s);
+        for o in &s.out_of_shape {
+            if !shape.is_empty() {
+                shape.push(',');
+            }
+            let mut w = Obj::new(&mut shape);
+            w.str("key", &o.key).str("bucket", o.bucket).raw("revision", &o.revision.to_string()).str("reason", &o.reason);
+            w.end();
+        }
+        let key = join(&(n.clone(), m.clone()));
+        let next_len = key.len() + 12;
+        if head_len + entries.len() + shapes.len() + entry.len() + shape.len() + next_len + 2 > budget {
+            if last.is_none() {
+                let why = format!("the status of {} ({} bytes) cannot fit a reply of {budget} bytes", shorten(&key), entry.len() + shape.len());
+                return Ok(Reply::error(Code::Internal, &why));
+            }
+            cut = true;
+            break;
+        }
+        for (list, item) in [(&mut entries, entry), (&mut shapes, shape)] {
+            if !item.is_empty() {
+                if !list.is_empty() {
+                    list.push(',');
+                }
+                list.push_str(&item);
+            }
+        }
+        revision = revision.max(s.revision);
+        last = Some(key);
+    }
+    let mut body = format!("{{\"what\":\"status\",\"revision\":{revision},\"entries\":[{entries}],\"out_of_shape\":[{shapes}]");
+    if page.more || cut {
+        if let Some(l) = &last {
+            body.push_str(",\"next\":");
+            push_str(&mut body, l);
+        }
+    }
+    body.push('}');
+    Ok(Reply { code: Code::Ok, body: body.into_bytes() })
+}
+
+/// One module's status as a JSON object.
+pub fn render(out: &mut String, s: &ModuleStatus) {
+    let mut o = Obj::new(out);
+    o.str("node", &s.node).str("module", &s.module).str("state", s.state.name()).str("reason", &s.reason);
+    for (field, v) in [("want", &s.want), ("have", &s.have), ("applied_at", &s.applied_at)] {
+        if let Some(v) = v {
+            o.str(field, v);
+        }
+    }
+    o.with("needs", |out| {
+        push_list(out, &s.needs, |out, n| {
+            let mut o = Obj::new(out);
+            o.str("kind", &n.kind).str("name", &n.name);
+            if let Some(p) = &n.part {
+                o.str("part", p);
+            }
+            let source: Vec<&str> = [("recorded", n.recorded), ("planned", n.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
+            o.with("source", |out| push_list(out, &source, |out, s| push_str(out, s)));
+            match &n.place {
+                Place::Bucket { domain, bucket, place, filter } => {
+                    o.str("domain", domain).str("bucket", bucket).str(if *filter { "filter" } else { "key" }, place);
+                }
+                Place::Verb { domain, verb } => {
+                    o.str("domain", domain).str("verb", verb);
+                }
+                Place::Nowhere => {}
+            }
+            o.str("check", n.check.name());
+            match n.check {
+                Check::Present { revision } => {
+                    o.raw("revision", &revision.to_string());
+                }
+                Check::Collected { items, revision } => {
+                    o.raw("items", &items.to_string()).raw("revision", &revision.to_string());
+                }
+                Check::Answered { responders } => {
+                    o.raw("responders", &responders.to_string());
+                }
+                _ => {}
+            }
+            o.str("reason", &n.reason);
+            o.end();
+        });
+    });
+    o.end();
+}

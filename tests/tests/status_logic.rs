@@ -1,0 +1,228 @@
+//! The status state table (SPEC §7.1), natively: the guest's logic over the host's in-memory
+//! mirrors, every module state and every check, and the listing of modules from every source,
+//! paged. No wasm and no bus: the component and the real server are in `component_status` and
+//! `e2e_status`.
+
+use std::collections::BTreeSet;
+
+use guest::env::{Entry, Env, HostError, Level, Page};
+use guest::status::{self, Check, State};
+use guest::verb::{handle, Code, PROVISIONING};
+use mesh_provisioner::backend::MemoryBackend;
+use serde_json::{json, Value};
+use tests::native::Native;
+use tests::status_mesh::mesh;
+
+const NEEDS: &str = "mesh-provisioner_needs";
+const APPLIED: &str = "mesh-provisioner_applied";
+const ASSIGNMENTS: &str = "mesh-controller_assignments";
+const CONFIG: &str = "mesh-config_values";
+
+fn of(b: &std::sync::Arc<MemoryBackend>, node: &str, module: &str) -> status::ModuleStatus {
+    status::module(&Native(b.clone()), node, module).expect("status")
+}
+
+fn check_of<'a>(s: &'a status::ModuleStatus, kind: &str, name: &str) -> &'a status::NeedStatus {
+    s.needs.iter().find(|n| n.kind == kind && n.name == name).unwrap_or_else(|| panic!("no need {kind}:{name} in {s:?}"))
+}
+
+#[test]
+fn an_applied_module_whose_every_grant_holds_is_applied() {
+    let b = mesh();
+    let s = of(&b, "alpha", "app");
+    assert_eq!(s.state, State::Applied, "{}", s.reason);
+    assert_eq!(s.have.as_deref(), Some("b7"));
+    assert_eq!(s.applied_at.as_deref(), Some("2026-11-30T10:00:00Z"));
+    let config = b.bucket(CONFIG).get("alpha.app.db_url").unwrap().unwrap().revision;
+    assert_eq!(check_of(&s, "config", "db_url").check, Check::Present { revision: config });
+    assert_eq!(check_of(&s, "secret", "db_password").check, Check::Answered { responders: 2 });
+    assert!(matches!(check_of(&s, "bound", "postgres.db").check, Check::Present { .. }));
+    let report = check_of(&s, "config", "report_url");
+    assert_eq!(report.check, Check::NotInstalled);
+    assert!(report.reason.contains("part reports is not installed"), "{}", report.reason);
+    assert!(s.reason.contains("1 of parts not installed"), "{}", s.reason);
+}
+
+#[test]
+fn a_value_that_vanished_degrades_an_applied_module() {
+    let b = mesh();
+    b.delete(CONFIG, "alpha.app.db_url");
+    let s = of(&b, "alpha", "app");
+    assert_eq!(s.state, State::Degraded);
+    assert_eq!(check_of(&s, "config", "db_url").check, Check::Missing);
+    assert!(s.reason.contains("config:db_url") && s.reason.contains("no longer hold"), "{}", s.reason);
+}
+
+#[test]
+fn a_missing_value_before_anything_is_applied_is_pending() {
+    let b = mesh();
+    let s = of(&b, "alpha", "web");
+    assert_eq!(check_of(&s, "config", "base_url").check, Check::Missing);
+    assert_eq!(s.state, State::Pending, "{}", s.reason);
+}
+
+#[test]
+fn a_provider_not_installed_blocks_even_an_applied_module() {
+    let b = mesh();
+    let s = of(&b, "beta", "cache");
+    let need = check_of(&s, "bound", "redis.cache");
+    assert_eq!(need.check, Check::NoProvider);
+    assert!(need.reason.contains("redis_bound does not exist"), "{}", need.reason);
+    assert_eq!(s.state, State::Blocked);
+    // The provider comes: its bucket exists, the value not yet (missing), then it is written.
+    b.bucket("redis_bound").set_missing(false);
+    assert_eq!(check_of(&of(&b, "beta", "cache"), "bound", "redis.cache").check, Check::Missing);
+    b.put("redis_bound", "beta.cache.cache", b"{}");
+    let s = of(&b, "beta", "cache");
+    assert!(matches!(check_of(&s, "bound", "redis.cache").check, Check::Present { .. }));
+    assert_eq!(s.state, State::Applied);
+}
+
+#[test]
+fn a_verb_with_no_responders_blocks() {
+    let b = mesh();
+    b.set_responders("mesh-vault", 0);
+    let s = of(&b, "alpha", "app");
+    assert_eq!(check_of(&s, "secret", "db_password").check, Check::NoProvider);
+    assert_eq!(s.state, State::Blocked);
+    assert!(s.reason.contains("secret:db_password"), "{}", s.reason);
+}
+
+#[test]
+fn applied_with_nothing_needed_is_not_never_ran() {
+    let b = mesh();
+    let s = of(&b, "beta", "metrics");
+    assert_eq!(s.state, State::NothingNeeded, "{}", s.reason);
+    let s = of(&b, "gamma", "worker");
+    assert_eq!(s.state, State::NeverRan, "{}", s.reason);
+    assert_eq!(s.want.as_deref(), Some("k1"));
+    assert!(s.reason.contains("assigned (want k1)"), "{}", s.reason);
+}
+
+#[test]
+fn a_kind_no_domain_answers_blocks() {
+    let b = mesh();
+    let s = of(&b, "gamma", "odd");
+    assert_eq!(check_of(&s, "widget", "x").check, Check::Unanswered);
+    assert_eq!(s.state, State::Blocked);
+}
+
+/// The mesh's env, but discovery cannot be made (the bus is down).
+struct NoDiscovery(Native);
+
+impl Env for NoDiscovery {
+    fn get(&self, b: &str, k: &str) -> Result<Option<Entry>, HostError> {
+        self.0.get(b, k)
+    }
+    fn scan(&self, b: &str, f: &str, a: Option<&str>, l: u32) -> Result<Page, HostError> {
+        self.0.scan(b, f, a, l)
+    }
+    fn exists(&self, b: &str) -> Result<bool, HostError> {
+        self.0.exists(b)
+    }
+    fn responders(&self, _: &str) -> Result<u32, HostError> {
+        Err(HostError::Timeout("the bus did not answer".into()))
+    }
+    fn put_registry(&self, k: &str, v: &[u8], e: u64) -> Result<u64, HostError> {
+        self.0.put_registry(k, v, e)
+    }
+    fn delete_registry(&self, k: &str, e: u64) -> Result<(), HostError> {
+        self.0.delete_registry(k, e)
+    }
+    fn log(&self, l: Level, m: &str) {
+        self.0.log(l, m)
+    }
+    fn load_plan(&self, n: &str, m: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.0.load_plan(n, m)
+    }
+    fn save_plan(&self, n: &str, m: &str, p: &[u8]) -> Result<(), HostError> {
+        self.0.save_plan(n, m, p)
+    }
+}
+
+#[test]
+fn a_check_that_cannot_be_made_is_unknown_and_never_passes() {
+    let b = mesh();
+    let s = status::module(&NoDiscovery(Native(b)), "alpha", "app").unwrap();
+    let secret = check_of(&s, "secret", "db_password");
+    assert_eq!(secret.check, Check::Unknown);
+    assert!(secret.reason.contains("could not be made now"), "{}", secret.reason);
+    assert_eq!(s.state, State::Degraded, "an unknown check must not look applied: {}", s.reason);
+}
+
+#[test]
+fn planned_needs_join_recorded_ones_by_kind_and_name() {
+    let b = mesh();
+    b.put(ASSIGNMENTS, "alpha.app", br#"{"want":"b7"}"#);
+    let plan = json!({"state":"published","plan":{"parts":["api"],"needs":[
+        {"kind":"config","name":"db_url","part":"api"},
+        {"kind":"dir","name":"state","part":"api"}]}});
+    b.put("composed-alpha", "app.b7", plan.to_string().as_bytes());
+    let s = of(&b, "alpha", "app");
+    let db = check_of(&s, "config", "db_url");
+    assert!(db.recorded && db.planned);
+    let dir = check_of(&s, "dir", "state");
+    assert!(!dir.recorded && dir.planned);
+    // Placement values live in the assignment, which exists.
+    assert!(matches!(dir.check, Check::Present { .. }), "{dir:?}");
+}
+
+fn page(b: &std::sync::Arc<MemoryBackend>, q: Value, budget: u32) -> Value {
+    let reply = handle(&Native(b.clone()), PROVISIONING, q.to_string().as_bytes(), budget);
+    let v: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(reply.code, Code::Ok, "{v}");
+    assert!(reply.body.len() <= budget.max(4096) as usize);
+    v
+}
+
+/// Every module across all pages of `q`, in order.
+fn listed(b: &std::sync::Arc<MemoryBackend>, q: Value, budget: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut q = q;
+    loop {
+        let v = page(b, q.clone(), budget);
+        for e in v["entries"].as_array().unwrap() {
+            out.push(format!("{}.{}", e["node"].as_str().unwrap(), e["module"].as_str().unwrap()));
+        }
+        match v.get("next") {
+            Some(n) => q["after"] = n.clone(),
+            None => return out,
+        }
+    }
+}
+
+#[test]
+fn lists_every_module_known_from_any_source_once_in_key_order() {
+    let b = mesh();
+    // Modules whose names extend others with '-' (their needs keys sort first), and one known
+    // only from its node engine's composition.
+    b.put(NEEDS, "alpha.app-x.config.a", b"{}");
+    b.put(NEEDS, "alpha.app-x-y.config.a", b"{}");
+    b.put(APPLIED, "alpha.ap", br#"{"build":"b1","needs":0}"#);
+    b.put("composed-gamma", "engine-only.e1", br#"{"state":"refused","reason":"no"}"#);
+    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.odd", "gamma.worker"];
+    for limit in [1, 2, 3, 1000] {
+        assert_eq!(listed(&b, json!({"what":"status","limit":limit}), 1 << 20), all, "limit {limit}");
+    }
+    let gamma = listed(&b, json!({"what":"status","node":"gamma","limit":1}), 1 << 20);
+    assert_eq!(gamma, ["gamma.engine-only", "gamma.odd", "gamma.worker"]);
+    assert_eq!(listed(&b, json!({"what":"status","module":"app"}), 1 << 20), ["alpha.app"]);
+    assert_eq!(listed(&b, json!({"what":"status","node":"beta","module":"metrics"}), 1 << 20), ["beta.metrics"]);
+    assert!(listed(&b, json!({"what":"status","node":"beta","module":"nothing"}), 1 << 20).is_empty());
+    // Paged by bytes too: a small reply still reaches every module.
+    assert_eq!(listed(&b, json!({"what":"status"}), 4096), all);
+    let set: BTreeSet<_> = all.iter().collect();
+    assert_eq!(set.len(), all.len());
+}
+
+#[test]
+fn names_the_out_of_shape_keys_of_each_module() {
+    let b = mesh();
+    b.put(NEEDS, "alpha.app.config.=3a", b"{}");
+    b.put(APPLIED, "alpha.app.extra", b"{}");
+    let v = page(&b, json!({"what":"status","node":"alpha","module":"app"}), 1 << 20);
+    let odd: Vec<(&str, &str)> = v["out_of_shape"].as_array().unwrap().iter().map(|o| (o["bucket"].as_str().unwrap(), o["key"].as_str().unwrap())).collect();
+    assert_eq!(odd, [(NEEDS, "alpha.app.config.=3a"), (APPLIED, "alpha.app.extra")]);
+    assert!(v["out_of_shape"][0]["reason"].as_str().unwrap().contains("upper-case"));
+    assert!(v["out_of_shape"][1]["reason"].as_str().unwrap().contains("applied keys"), "{v}");
+}
