@@ -112,6 +112,8 @@ pub enum What {
     Collect,
     /// A module's plan and provisions (`--node` and `--module`), from `mesh-provisioner.plan`.
     Plan,
+    /// Every module's state and reason (`--needs`: each need's check, made now).
+    Status,
 }
 
 #[derive(Args, Debug)]
@@ -138,6 +140,16 @@ pub struct Query {
     /// Print the raw JSON reply.
     #[arg(long)]
     pub json: bool,
+    /// With `status`: one line per need, with its check and place.
+    #[arg(long)]
+    pub needs: bool,
+    /// Ask again every `--every` and redraw whenever the answer changes (every page), until
+    /// interrupted: a view an operator can leave open.
+    #[arg(long)]
+    pub watch: bool,
+    /// How often `--watch` asks.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub every: Duration,
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
     #[command(flatten)]

@@ -16,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SERVER_CONF: &str = include_str!("../../deploy/nats-server.conf");
 
 /// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
-pub const USERS: [(&str, &str); 8] = [
+pub const USERS: [(&str, &str); 10] = [
     ("PROVISIONER", "mesh-provisioner"),
     ("MESH_CONTROLLER", "mesh-controller"),
     ("MESH_INDEXER", "mesh-indexer"),
@@ -24,6 +24,8 @@ pub const USERS: [(&str, &str); 8] = [
     ("NODE_BETA", "node-beta"),
     ("NODE_GAMMA", "node-gamma"),
     ("PROVIDER_POSTGRES", "provider-postgres"),
+    ("MESH_CONFIG", "mesh-config"),
+    ("MESH_VAULT", "mesh-vault"),
     ("SYSTEM", "system"),
 ];
 

@@ -42,6 +42,7 @@ fn request(q: &Query) -> (&'static str, Value) {
         What::Applied => (PROVISIONING, json!({ "what": "applied" })),
         What::Collect => (PROVISIONING, json!({ "what": "collect" })),
         What::Plan => (PLAN, json!({})),
+        What::Status => (PROVISIONING, json!({ "what": "status" })),
     };
     for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
         if let Some(v) = value {
@@ -54,18 +55,35 @@ fn request(q: &Query) -> (&'static str, Value) {
     (verb, body)
 }
 
+/// How a reply is printed.
+fn show(q: &Query, verb: &str, reply: &Value, colour: bool) -> String {
+    if q.json {
+        format!("{reply}\n")
+    } else if verb == PLAN {
+        plan_table(reply)
+    } else if q.what == What::Status {
+        status_table(reply, q.needs, colour)
+    } else {
+        table(reply)
+    }
+}
+
+/// Colours only on a terminal, and never with `NO_COLOR` set.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
 pub async fn run(q: Query) -> Result<()> {
     let client = crate::connect::connect_cli(&q.connect, "mesh-provisioner query").await?;
+    if q.watch {
+        return watch(&client, &q).await;
+    }
     let (verb, mut body) = request(&q);
+    let colour = colour();
     loop {
         let reply = ask(&client, verb, &body, q.timeout).await?;
-        if q.json {
-            println!("{reply}");
-        } else if verb == PLAN {
-            print!("{}", plan_table(&reply));
-        } else {
-            print!("{}", table(&reply));
-        }
+        print!("{}", show(&q, verb, &reply, colour));
         match reply.get("next") {
             Some(next) if q.all => body["after"] = next.clone(),
             Some(next) => {
@@ -77,6 +95,110 @@ pub async fn run(q: Query) -> Result<()> {
             None => return Ok(()),
         }
     }
+}
+
+/// Every page, shown; asked again every `--every`, redrawn when anything changed. An error is
+/// shown in place and the view goes on (the bus may come back).
+async fn watch(client: &async_nats::Client, q: &Query) -> Result<()> {
+    let (verb, first) = request(q);
+    let colour = colour();
+    let mut last = String::new();
+    loop {
+        let mut body = first.clone();
+        let mut view = String::new();
+        for _ in 0..10_000 {
+            match ask(client, verb, &body, q.timeout).await {
+                Ok(reply) => {
+                    view.push_str(&show(q, verb, &reply, colour));
+                    match reply.get("next") {
+                        Some(next) => body["after"] = next.clone(),
+                        None => break,
+                    }
+                }
+                Err(e) => {
+                    view.push_str(&format!("cannot ask now: {e}\n"));
+                    break;
+                }
+            }
+        }
+        if view != last {
+            let at = crate::service::rfc3339(std::time::SystemTime::now());
+            // Clear the screen and home the cursor on a terminal; a pipe gets one view after another.
+            let clear = if colour { "\x1b[2J\x1b[H" } else { "\n" };
+            print!("{clear}{verb} {first} at {at} (every {:?}; Ctrl-C to stop)\n\n{view}", q.every);
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            last = view;
+        }
+        tokio::time::sleep(q.every).await;
+    }
+}
+
+/// Each module's state, one row a module; with `needs`, a line per need under it.
+pub fn status_table(reply: &Value, needs: bool, colour: bool) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let paint = |state: &str| -> String {
+        if !colour {
+            return state.to_string();
+        }
+        let code = match state {
+            "applied" | "nothing_needed" | "present" | "answered" => "32",
+            "pending" | "never_ran" | "not_installed" => "33",
+            "degraded" | "missing" | "unknown" | "stale" => "35",
+            "blocked" | "no_provider" | "unanswered" => "31",
+            _ => "0",
+        };
+        format!("\x1b[{code}m{state}\x1b[0m")
+    };
+    let mut rows = vec![vec!["NODE".to_string(), "MODULE".into(), "STATE".into(), "WANT".into(), "HAVE".into(), "REASON".into()]];
+    let mut lines: Vec<Vec<String>> = Vec::new();
+    for e in reply["entries"].as_array().into_iter().flatten() {
+        rows.push(vec![text(&e["node"]), text(&e["module"]), text(&e["state"]), text(&e["want"]), text(&e["have"]), cut(&text(&e["reason"]), 90)]);
+        let mut under = Vec::new();
+        if needs {
+            for n in e["needs"].as_array().into_iter().flatten() {
+                let place = match (n["verb"].as_str(), n["bucket"].as_str()) {
+                    (Some(v), _) => format!("verb {v}"),
+                    (None, Some(b)) => format!("{b} {}", n["key"].as_str().or(n["filter"].as_str()).unwrap_or("")),
+                    _ => String::new(),
+                };
+                let detail = match (n["revision"].as_u64(), n["responders"].as_u64()) {
+                    (Some(r), _) => format!(" (revision {r})"),
+                    (None, Some(c)) => format!(" ({c} responder(s))"),
+                    _ => String::new(),
+                };
+                under.push(format!("    {}:{}  {}{detail}  {place}  {}", text(&n["kind"]), text(&n["name"]), paint(n["check"].as_str().unwrap_or("")), text(&n["reason"])));
+            }
+        }
+        lines.push(under);
+    }
+    // The table is aligned on plain text; colour goes on after, so widths stay right.
+    let mut out = String::new();
+    for (i, line) in render(&rows).lines().enumerate() {
+        let line = match rows.get(i).map(|r| r[2].as_str()) {
+            Some(state) if i > 0 && colour && !state.is_empty() => line.replacen(&format!("  {state}"), &format!("  {}", paint(state)), 1),
+            _ => line.to_string(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+        if i > 0 {
+            for l in &lines[i - 1] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str(&format!("{} module(s) at revision {}\n", rows.len() - 1, reply["revision"]));
+    let odd = reply["out_of_shape"].as_array().cloned().unwrap_or_default();
+    if !odd.is_empty() {
+        out.push_str(&format!("\n{} key(s) out of shape:\n", odd.len()));
+        let mut rows = vec![vec!["BUCKET".to_string(), "KEY".into(), "REASON".into()]];
+        for e in odd {
+            rows.push(vec![text(&e["bucket"]), text(&e["key"]), text(&e["reason"])]);
+        }
+        out.push_str(&render(&rows));
+    }
+    out
 }
 
 /// A readable table of a reply.

@@ -227,6 +227,10 @@ async fn the_server_refuses_writes_outside_each_users_grant() {
         format!("$JS.API.STREAM.MSG.DELETE.KV_{NEEDS}"),
         format!("$JS.API.CONSUMER.DELETE.KV_{NEEDS}.x"),
         "$JS.API.STREAM.CREATE.KV_composed-alpha".to_string(),
+        // Nor read a bucket it neither serves, follows nor checks.
+        "$JS.API.STREAM.INFO.KV_payroll".to_string(),
+        "$JS.API.CONSUMER.CREATE.KV_payroll".to_string(),
+        "$JS.API.DIRECT.GET.KV_payroll.$KV.payroll.x".to_string(),
         "mesh-vault.secret".to_string(),
         "anything.else".to_string(),
     ] {

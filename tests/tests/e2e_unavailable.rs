@@ -71,9 +71,9 @@ async fn a_bus_whose_jetstream_lost_its_quorum_is_answered_503() {
     host.wait_answering(&client).await;
     cluster.kill(1).await;
     cluster.kill(2).await;
-    // A plan read at the indexer's newest build of `app` on a node never seen opens the mirror
-    // of that node's compositions, which needs the JetStream API: unavailable now.
-    let v = until_503(&client, "mesh-provisioner.plan", br#"{"node":"zeta","module":"app"}"#).await;
+    // A plan read at the indexer's newest build of `app` on a node not followed yet opens the
+    // mirror of that node's compositions, which needs the JetStream API: unavailable now.
+    let v = until_503(&client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await;
     assert_eq!(v["error"]["code"], "unavailable", "{v}");
     assert!(!v["error"]["message"].as_str().unwrap_or_default().is_empty());
     host.stop().await;

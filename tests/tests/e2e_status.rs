@@ -1,0 +1,140 @@
+//! Status end to end (SPEC §7.1): the real host binary and component against a real
+//! `nats-server` with the example config. Each write is made by the user that owns the bucket; a
+//! real responder stands in for `mesh-vault` (it answers `$SRV.PING.mesh-vault` and is started
+//! and stopped during the test), the provider's bucket is created late, a value is deleted, and
+//! `query status` prints what an operator reads.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tests::nats::{ask_ok, host_binary, Bus, Host};
+
+const NEEDS: &str = "mesh-provisioner_needs";
+const APPLIED: &str = "mesh-provisioner_applied";
+const CONFIG: &str = "mesh-config_values";
+
+/// A stand-in for the vault's micro service: answers discovery until dropped.
+struct Vault(tokio::task::JoinHandle<()>);
+
+impl Vault {
+    async fn start(bus: &Bus) -> Vault {
+        let client = bus.client("mesh-vault").await;
+        let mut pings = client.subscribe("$SRV.PING.mesh-vault").await.unwrap();
+        client.flush().await.unwrap();
+        Vault(tokio::spawn(async move {
+            while let Some(m) = pings.next().await {
+                if let Some(reply) = m.reply {
+                    let body = json!({"type":"io.nats.micro.v1.ping_response","name":"mesh-vault","id":"vault-test-1","version":"0.0.1"});
+                    let _ = client.publish(reply, body.to_string().into()).await;
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Vault {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The status of one module.
+async fn status(c: &async_nats::Client, node: &str, module: &str) -> Value {
+    let v = ask_ok(c, json!({"what":"status","node":node,"module":module})).await;
+    v["entries"][0].clone()
+}
+
+fn check(s: &Value, kind: &str, name: &str) -> String {
+    s["needs"].as_array().into_iter().flatten().find(|n| n["kind"] == kind && n["name"] == name).map(|n| n["check"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+/// Asks until `cond` holds of the module's status (bounded), returning it.
+async fn until(c: &async_nats::Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = status(c, node, module).await;
+        if cond(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{node}/{module} never showed {what}: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_state_and_check_follows_the_mesh_as_it_changes() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &[]).await;
+    let config = bus.js("mesh-config").await;
+    config.create_key_value(async_nats::jetstream::kv::Config { bucket: CONFIG.into(), ..Default::default() }).await.unwrap();
+    bus.put("mesh-config", CONFIG, "alpha.app.db_url", b"postgres://db").await;
+    for (key, value) in [
+        ("alpha.app.config.db_url", r#"{"part":"api"}"#),
+        ("alpha.app.secret.db_password", r#"{"part":"api"}"#),
+        ("alpha.app.bound.postgres=2Edb", r#"{"part":"api"}"#),
+        ("alpha.app.config.report_url", r#"{"part":"reports"}"#),
+    ] {
+        bus.put("node-alpha", NEEDS, key, value.as_bytes()).await;
+    }
+    bus.put("node-alpha", APPLIED, "alpha.app", br#"{"build":"b7","needs":4,"parts":["api"],"at":"2026-11-30T10:00:00Z"}"#).await;
+    bus.put("node-beta", APPLIED, "beta.metrics", br#"{"build":"m1","needs":0}"#).await;
+    bus.put("node-beta", NEEDS, "beta.odd.widget.x", b"{}").await;
+    bus.put("mesh-controller", "mesh-controller_assignments", "gamma.worker", br#"{"want":"k1"}"#).await;
+    let c = bus.client("node-alpha").await;
+
+    // No vault, no provider yet: blocked, each check saying why.
+    let s = until(&c, "alpha", "app", "its four needs", |s| s["needs"].as_array().is_some_and(|n| n.len() == 4)).await;
+    assert_eq!(s["state"], "blocked", "{s}");
+    assert_eq!(check(&s, "config", "db_url"), "present");
+    assert_eq!(check(&s, "secret", "db_password"), "no_provider");
+    assert_eq!(check(&s, "bound", "postgres.db"), "no_provider");
+    assert_eq!(check(&s, "config", "report_url"), "not_installed");
+    assert_eq!(status(&c, "beta", "metrics").await["state"], "nothing_needed");
+    assert_eq!(status(&c, "gamma", "worker").await["state"], "never_ran");
+    let odd = status(&c, "beta", "odd").await;
+    assert_eq!((odd["state"].as_str(), check(&odd, "widget", "x").as_str()), (Some("blocked"), "unanswered"));
+
+    // The vault comes up (discovery is cached a few seconds), the provider creates its bucket
+    // (missing), then writes the value (present): applied.
+    let vault = Vault::start(&bus).await;
+    let s = until(&c, "alpha", "app", "the vault answering", |s| check(s, "secret", "db_password") == "answered").await;
+    assert!(s["needs"].as_array().unwrap().iter().any(|n| n["responders"] == 1), "{s}");
+    let provider = bus.js("provider-postgres").await;
+    provider.create_key_value(async_nats::jetstream::kv::Config { bucket: "postgres_bound".into(), ..Default::default() }).await.unwrap();
+    let s = until(&c, "alpha", "app", "the bound value missing", |s| check(s, "bound", "postgres.db") == "missing").await;
+    assert_eq!(s["state"], "degraded", "applied, and a grant does not hold: {s}");
+    bus.put("provider-postgres", "postgres_bound", "alpha.app.db", br#"{"user":"app"}"#).await;
+    let s = until(&c, "alpha", "app", "applied", |s| s["state"] == "applied").await;
+    assert_eq!(check(&s, "bound", "postgres.db"), "present");
+
+    // A value vanishes: degraded, naming it.
+    config.get_key_value(CONFIG).await.unwrap().delete("alpha.app.db_url").await.unwrap();
+    let s = until(&c, "alpha", "app", "degraded", |s| s["state"] == "degraded").await;
+    assert!(s["reason"].as_str().unwrap().contains("config:db_url"), "{s}");
+    bus.put("mesh-config", CONFIG, "alpha.app.db_url", b"postgres://db2").await;
+    until(&c, "alpha", "app", "applied again", |s| s["state"] == "applied").await;
+
+    // The vault goes away: its need has no provider, the module is blocked.
+    drop(vault);
+    let s = until(&c, "alpha", "app", "the vault gone", |s| check(s, "secret", "db_password") == "no_provider").await;
+    assert_eq!(s["state"], "blocked");
+
+    // The whole mesh, paged; and what an operator reads.
+    let all = ask_ok(&c, json!({"what":"status","limit":2})).await;
+    assert_eq!(all["entries"].as_array().unwrap().len(), 2);
+    assert!(all.get("next").is_some());
+    let pw = bus.password("node-alpha");
+    let out = std::process::Command::new(host_binary())
+        .args(["query", "status", "--needs", "--all", "--nats-url", bus.url(), "--user", "node-alpha", "--password", pw.as_str()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for want in ["STATE", "blocked", "nothing_needed", "never_ran", "secret:db_password", "no_provider", "verb mesh-vault.secret", "mesh-config_values alpha.app.db_url"] {
+        assert!(text.contains(want), "`query status --needs` lacks {want:?}:\n{text}");
+    }
+    assert!(!text.contains("\x1b["), "colours on a pipe:\n{text}");
+    host.stop().await;
+}
