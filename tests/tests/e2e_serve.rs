@@ -251,6 +251,14 @@ async fn the_server_refuses_writes_outside_each_users_grant() {
     assert!(pn.put("alpha.app.config.z", "{}".into()).await.is_err());
     vdenied.expect("Publish to", &format!("$KV.{NEEDS}.alpha.app.config.z")).await;
 
+    // The config domain writes only its values; the vault publishes to no bucket.
+    let (cfg, cdenied) = bus.watched("mesh-config").await;
+    publish(&cfg, &format!("$KV.{NEEDS}.alpha.app.config.q")).await;
+    cdenied.expect("Publish to", &format!("$KV.{NEEDS}.alpha.app.config.q")).await;
+    let (vault, vdenied2) = bus.watched("mesh-vault").await;
+    publish(&vault, "$KV.mesh-config_values.alpha.app.x").await;
+    vdenied2.expect("Publish to", "$KV.mesh-config_values.alpha.app.x").await;
+
     // Nothing refused landed, and the provisioner's own work was never refused.
     assert_eq!(registry_state(&bus).await, before);
     for key in ["beta.app.config.x", "alpha.app.config.y", "alpha.app.config.z"] {

@@ -136,5 +136,44 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
         assert!(text.contains(want), "`query status --needs` lacks {want:?}:\n{text}");
     }
     assert!(!text.contains("\x1b["), "colours on a pipe:\n{text}");
+
+    // --watch redraws when the mesh changes, and only then.
+    let mut watch = tokio::process::Command::new(host_binary())
+        .args(["query", "status", "--node", "beta", "--watch", "--every", "200ms", "--nats-url", bus.url(), "--user", "node-alpha", "--password", pw.as_str()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let views = |seen: &std::sync::Arc<std::sync::Mutex<String>>| seen.lock().unwrap().matches("Ctrl-C to stop").count();
+    let start = Instant::now();
+    while views(&seen) < 1 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no first view");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(views(&seen), 1, "redrawn with nothing changed:\n{}", seen.lock().unwrap());
+    bus.put("node-beta", APPLIED, "beta.cache", br#"{"build":"c1","needs":0}"#).await;
+    while views(&seen) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "not redrawn after a change:\n{}", seen.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen.lock().unwrap().rsplit("Ctrl-C to stop").next().unwrap_or_default().contains("cache"));
+    let _ = watch.kill().await;
+    reader.abort();
     host.stop().await;
 }
