@@ -1,7 +1,12 @@
-//! The verb over a real bus against a bare NATS echo round trip measured in the same run:
-//! p50/p99 for a narrowed needs query (10 entries) with the needs bucket at 10 thousand and at
-//! 1 million keys, throughput with 32 concurrent requesters, and the host's resident memory
-//! against the raw bytes of the mirrored keys and values. A benchmark, not a test.
+//! The verb over a real bus against bare NATS echo round trips measured in the same run: p50/p99
+//! for a narrowed needs query (10 entries), the plan verb, and `status` (one module; a node's
+//! 1 000 modules paged) with the needs bucket at 10 thousand and at 1 million keys, throughput
+//! with 32 concurrent requesters, and the host's resident memory against the raw bytes of the
+//! mirrored keys and values. Two floors: an echo of the request (the bus's round trip), and a
+//! "sized" echo that replies with exactly the bytes of the verb's reply, so the ratio measures
+//! the server's work rather than a bigger message. The requests are made as a node's user and
+//! the echoes answered as the vault's, which the example config lets answer `$SRV.*.mesh-vault.>`;
+//! the vault's stand-in also counts the discovery pings `status` sends. A benchmark, not a test.
 //!
 //! `cargo build --release -p mesh-provisioner && cargo bench -p tests --bench bus`
 //! (uses `target/release/mesh-provisioner` when built, else the debug binary; `BENCH_KEYS` sets
@@ -17,6 +22,10 @@ use tests::nats::{Bus, Host};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const VALUE: &[u8] = br#"{"placeholder":"${config:name}","part":"api"}"#;
+/// The echoes: the request back, the same from a process of its own, and the verb's reply size.
+const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
+const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-vault.process";
+const SIZED: &str = "$SRV.SIZED.mesh-vault.bench";
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
@@ -62,7 +71,10 @@ fn rss_kib(pid: u32) -> u64 {
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
     let js = bus.js(&format!("node-{node}")).await;
-    let keys: Vec<String> = (from..to).flat_map(|m| (0..10).map(move |k| format!("{node}.m{m:06}.config.name{k}"))).collect();
+    // Nine config needs and a secret, so `status` checks buckets and asks discovery.
+    let keys: Vec<String> = (from..to)
+        .flat_map(|m| (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") }))
+        .collect();
     let raw: u64 = keys.iter().map(|k| (k.len() + VALUE.len()) as u64).sum();
     let mut acks = futures::stream::iter(keys.into_iter().map(|key| {
         let js = js.clone();
@@ -100,39 +112,83 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
     }
 }
 
-/// The verb `verb` against both echoes, at p50 and p99, then under 32 requesters.
-async fn measure(label: &str, c: &Client, verb: &str, query: &[u8]) {
+/// The sized echo's reply, set to the verb's reply before each measurement.
+type Sized = Arc<std::sync::Mutex<bytes::Bytes>>;
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The verb `verb` against the echoes, at p50 and p99, then under 32 requesters.
+async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8]) {
     let n = 3000;
-    let _ = latencies(c, "bench.echo", query, 200).await;
-    let _ = latencies(c, "bench.echo-process", query, 200).await;
-    let _ = latencies(c, verb, query, 200).await;
-    let mut other = latencies(c, "bench.echo-process", query, n).await;
-    let (o50, o99) = (pct(&mut other, 0.5), pct(&mut other, 0.99));
-    let mut echo = latencies(c, "bench.echo", query, n).await;
+    let reply = c.request(verb.to_string(), query.to_vec().into()).await.expect("the verb answers").payload;
+    *sized.lock().unwrap() = reply.clone();
+    for subject in [ECHO, ECHO_PROCESS, SIZED, verb] {
+        let _ = latencies(c, subject, query, 200).await;
+    }
+    let mut other = latencies(c, ECHO_PROCESS, query, n).await;
+    let o50 = pct(&mut other, 0.5);
+    let mut echo = latencies(c, ECHO, query, n).await;
+    let mut floor = latencies(c, SIZED, query, n).await;
     let mut times = latencies(c, verb, query, n).await;
-    let (e50, e99, v50, v99) = (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut times, 0.5), pct(&mut times, 0.99));
+    let (e50, e99, f50, f99, v50, v99) =
+        (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut floor, 0.5), pct(&mut floor, 0.99), pct(&mut times, 0.5), pct(&mut times, 0.99));
     println!(
-        "{label}: echo p50 {:.0} µs p99 {:.0} µs | verb p50 {:.0} µs ({:.2}× echo) p99 {:.0} µs ({:.2}× echo)",
-        e50.as_secs_f64() * 1e6, e99.as_secs_f64() * 1e6,
-        v50.as_secs_f64() * 1e6, v50.as_secs_f64() / e50.as_secs_f64(),
-        v99.as_secs_f64() * 1e6, v99.as_secs_f64() / e99.as_secs_f64()
+        "{label}: echo p50 {:.0} µs p99 {:.0} µs | reply-sized echo p50 {:.0} µs p99 {:.0} µs ({} bytes) | verb p50 {:.0} µs = {:.2}× echo, {:.2}× sized; p99 {:.0} µs = {:.2}× echo, {:.2}× sized",
+        us(e50), us(e99), us(f50), us(f99), reply.len(),
+        us(v50), v50.as_secs_f64() / e50.as_secs_f64(), v50.as_secs_f64() / f50.as_secs_f64(),
+        us(v99), v99.as_secs_f64() / e99.as_secs_f64(), v99.as_secs_f64() / f99.as_secs_f64()
     );
-    let mut times = latencies(c, verb, query, n).await;
-    let v50 = pct(&mut times, 0.5);
-    println!(
-        "{label}: echo in a process of its own p50 {:.0} µs p99 {:.0} µs | verb p50 {:.2}× that echo",
-        o50.as_secs_f64() * 1e6, o99.as_secs_f64() * 1e6, v50.as_secs_f64() / o50.as_secs_f64()
-    );
+    println!("{label}: echo in a process of its own p50 {:.0} µs | verb p50 {:.2}× that echo", us(o50), v50.as_secs_f64() / o50.as_secs_f64());
     let d = Duration::from_secs(3);
-    let et = throughput(c, "bench.echo", query, 32, d).await;
+    let et = throughput(c, ECHO, query, 32, d).await;
+    let ft = throughput(c, SIZED, query, 32, d).await;
     let vt = throughput(c, verb, query, 32, d).await;
-    println!("{label}: 32 requesters: echo {et:.0} req/s, verb {vt:.0} req/s ({:.2}× echo)", vt / et);
+    println!("{label}: 32 requesters: echo {et:.0} req/s, sized echo {ft:.0} req/s, verb {vt:.0} req/s ({:.2}× echo, {:.2}× sized)", vt / et, vt / ft);
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS");
     let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap_or_default();
     let endpoint = stats["endpoints"].as_array().into_iter().flatten().find(|e| e["subject"] == verb).cloned().unwrap_or_default();
     println!(
-        "{label}: host time per request, receipt to reply sent ($SRV.STATS average): {:.0} µs",
+        "{label}: host time per request, receipt to reply sent ($SRV.STATS average, all requests so far): {:.0} µs",
         endpoint["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
+    );
+}
+
+/// Pages `{"what":"status","node":…}` through at most `modules` modules: the pages, the time
+/// each took, and the discovery pings the vault saw meanwhile.
+async fn status_pages(c: &Client, node: &str, modules: usize, pings: &Arc<AtomicU64>) -> (usize, Vec<Duration>, u64) {
+    let before = pings.load(Ordering::Relaxed);
+    let mut q = serde_json::json!({"what":"status","node":node,"limit":200});
+    let (mut seen, mut times) = (0, Vec::new());
+    while seen < modules {
+        let t = Instant::now();
+        let m = c.request("mesh-provisioner.provisioning", q.to_string().into()).await.expect("status answers");
+        times.push(t.elapsed());
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("status is JSON");
+        let n = v["entries"].as_array().map_or(0, Vec::len);
+        assert!(n > 0, "an empty status page: {v}");
+        seen += n;
+        match v.get("next") {
+            Some(next) => q["after"] = next.clone(),
+            None => break,
+        }
+    }
+    (seen, times, pings.load(Ordering::Relaxed) - before)
+}
+
+async fn measure_status(label: &str, c: &Client, sized: &Sized, pings: &Arc<AtomicU64>, modules: usize) {
+    let one = br#"{"what":"status","node":"alpha","module":"m000420"}"#;
+    measure(&format!("{label} status of one module (10 needs)"), c, sized, "mesh-provisioner.provisioning", one).await;
+    let mut echo = latencies(c, ECHO, b"{}", 500).await;
+    let e50 = pct(&mut echo, 0.5);
+    let started = Instant::now();
+    let (seen, mut times, sent) = status_pages(c, "alpha", modules, pings).await;
+    let total = started.elapsed();
+    println!(
+        "{label}: status of {seen} modules of node alpha, {} pages of ≤ 200: {:.0} ms in all, a page p50 {:.1} ms ({:.0}× echo), {:.0} µs a module; {sent} discovery ping(s) sent",
+        times.len(), total.as_secs_f64() * 1e3, pct(&mut times, 0.5).as_secs_f64() * 1e3,
+        pct(&mut times, 0.5).as_secs_f64() / e50.as_secs_f64(), total.as_secs_f64() * 1e6 / seen.max(1) as f64
     );
 }
 
@@ -154,21 +210,33 @@ async fn main() {
     let bus = Bus::start().await;
     let host = Host::start(&bus, &[]).await;
     let pid = host.child.id().expect("host pid");
-    let c = bus.client("mesh-provisioner").await;
-    // The echo responder has a connection of its own, as the host does.
-    let responder = bus.client("mesh-provisioner").await;
-    let mut echo = responder.subscribe("bench.echo").await.expect("subscribe");
-    responder.flush().await.expect("flush");
-    tokio::spawn(async move {
-        while let Some(m) = echo.next().await {
-            if let Some(r) = m.reply {
-                let _ = responder.publish(r, m.payload).await;
+    let c = bus.client("node-alpha").await;
+    // The echoes and the vault's discovery answer have a connection of their own, as the host does.
+    let responder = bus.client("mesh-vault").await;
+    let sized: Sized = Arc::new(std::sync::Mutex::new(bytes::Bytes::new()));
+    let pings = Arc::new(AtomicU64::new(0));
+    for subject in [ECHO, SIZED, "$SRV.PING.mesh-vault"] {
+        let mut sub = responder.subscribe(subject).await.expect("subscribe");
+        let (responder, sized, pings) = (responder.clone(), sized.clone(), pings.clone());
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                let Some(r) = m.reply else { continue };
+                let body = match subject {
+                    ECHO => m.payload,
+                    SIZED => sized.lock().unwrap().clone(),
+                    _ => {
+                        pings.fetch_add(1, Ordering::Relaxed);
+                        r#"{"name":"mesh-vault","id":"bench-vault"}"#.into()
+                    }
+                };
+                let _ = responder.publish(r, body).await;
             }
-        }
-    });
+        });
+    }
+    responder.flush().await.expect("flush");
     let bin = std::env::current_exe().ok().and_then(|p| p.parent()?.parent().map(|d| d.join("echo"))).filter(|p| p.exists()).expect("the echo binary (cargo bench builds it)");
     let mut echo_process = tokio::process::Command::new(bin)
-        .args([bus.url(), "mesh-provisioner", &bus.password("mesh-provisioner"), "bench.echo-process"])
+        .args([bus.url(), "mesh-vault", &bus.password("mesh-vault"), ECHO_PROCESS])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -185,7 +253,8 @@ async fn main() {
     let mut raw = fill(&bus, "alpha", 0, 1000).await;
     wait_for(&c, "alpha", 999).await;
     println!("needs at 10 000 keys (host RSS {} MiB)", rss_kib(pid) / 1024);
-    measure("10k", &c, "mesh-provisioner.provisioning", query).await;
+    measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
+    measure_status("10k", &c, &sized, &pings, 1000).await;
 
     // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
     plan_inputs(&bus).await;
@@ -193,7 +262,7 @@ async fn main() {
     let (_, plan) = tests::nats::ask_verb(&c, "mesh-provisioner.plan", plan_query).await.expect("the plan verb answers");
     assert_eq!(plan["state"], "planned", "{plan}");
     println!("plan of one module: 2 builds, 10 needs each ({} bytes)", plan.to_string().len());
-    measure("plan", &c, "mesh-provisioner.plan", plan_query).await;
+    measure("plan", &c, &sized, "mesh-provisioner.plan", plan_query).await;
 
     let per_node = large / 10 / 3;
     let t = Instant::now();
@@ -203,7 +272,9 @@ async fn main() {
     wait_for(&c, "gamma", per_node + (large / 10) % 3 - 1).await;
     let keys = (per_node * 2 + per_node + (large / 10) % 3) * 10;
     println!("needs at {keys} keys (written and mirrored in {:.1} s)", t.elapsed().as_secs_f64());
-    measure(&format!("{}k", keys / 1000), &c, "mesh-provisioner.provisioning", query).await;
+    let label = format!("{}k", keys / 1000);
+    measure(&label, &c, &sized, "mesh-provisioner.provisioning", query).await;
+    measure_status(&label, &c, &sized, &pings, 10_000.min(per_node)).await;
     let rss1 = rss_kib(pid);
     println!(
         "host RSS: {} MiB before filling, {} MiB with {keys} keys mirrored; raw keys+values {} MiB; growth / raw = {:.2}×, total / raw = {:.2}×",
