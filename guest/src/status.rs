@@ -6,7 +6,8 @@
 //! its current plan's needs, by kind and name. Each need is checked where the registry says its
 //! value lives: a bucket key is read from the mirror (`present` with its revision, `missing`, or
 //! `no_provider` when the bucket does not exist), a verb's service is asked by discovery only
-//! (`answered` with the responder count, or `no_provider`); a need of a part the applied record
+//! (`answered` with the responder count, or `no_provider`); a value newer than the revision its
+//! holder applied (the applied record's `values`) is `stale`; a need of a part the applied record
 //! does not list is `not_installed`, a kind no domain answers `unanswered`, and a check that
 //! cannot be made now is `unknown`, never passing. The module's state follows, `blocked` first,
 //! then `degraded`. Everything here is decided in the guest; the host only answers reads.
@@ -30,7 +31,10 @@ const MAX_NEEDS_READ: usize = 20_000;
 /// What a check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
-    Present { revision: u64 },
+    /// A value is at the key; `applied` is the revision its holder applied, when recorded.
+    Present { revision: u64, applied: Option<u64> },
+    /// The holder applied an older revision than the one at its place now (SPEC §7.2).
+    Stale { applied: u64, revision: u64 },
     /// A collection read: how many items it holds now, and the newest revision among them.
     Collected { items: usize, revision: u64 },
     Answered { responders: u32 },
@@ -46,6 +50,7 @@ impl Check {
         match self {
             Check::Present { .. } | Check::Collected { .. } => "present",
             Check::Answered { .. } => "answered",
+            Check::Stale { .. } => "stale",
             Check::Missing => "missing",
             Check::NoProvider => "no_provider",
             Check::Unanswered => "unanswered",
@@ -132,6 +137,8 @@ struct Applied {
     needs: Option<u64>,
     at: Option<String>,
     parts: Option<Vec<String>>,
+    /// The revision applied of each value, by `<kind>:<name>`.
+    values: Option<std::collections::BTreeMap<String, u64>>,
     /// Why the record cannot be read, if it cannot.
     odd: Option<String>,
 }
@@ -147,11 +154,17 @@ fn applied_record(value: &[u8]) -> Applied {
         Some(Value::Array(a)) => Some(a.iter().filter_map(Value::as_str).map(str::to_string).collect()),
         Some(_) => return Applied { odd: Some("the applied record's `parts` is not a list".into()), ..Applied::default() },
     };
-    Applied { build: text("build"), needs: v.get("needs").and_then(Value::as_u64), at: text("at"), parts, odd: None }
+    let values = match v.get("values") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o.iter().filter_map(|(k, r)| r.as_u64().map(|r| (k.clone(), r))).collect()),
+        Some(_) => return Applied { odd: Some("the applied record's `values` is not an object".into()), ..Applied::default() },
+    };
+    Applied { build: text("build"), needs: v.get("needs").and_then(Value::as_u64), at: text("at"), parts, values, odd: None }
 }
 
-/// Checks one need of `module` on `node` now.
-fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>) -> (Place, Check, String) {
+/// Checks one need of `module` on `node` now; `applied` is the applied record's revisions, by
+/// `<kind>:<name>`.
+fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> (Place, Check, String) {
     if let (Some(part), Some(parts)) = (&need.part, parts) {
         if !parts.iter().any(|p| p == part) {
             let why = format!("part {part} is not installed on {node} (the applied record lists {})", parts.join(", "));
@@ -181,7 +194,17 @@ fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[S
                     Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
                 },
                 Ok(true) => match env.get(&bucket, &place) {
-                    Ok(Some(e)) => (Check::Present { revision: e.revision }, format!("a value is at {bucket} {place}")),
+                    Ok(Some(e)) => {
+                        let value = format!("{}:{}", need.kind, need.name);
+                        match applied.and_then(|a| a.get(&value)).copied() {
+                            Some(a) if a < e.revision => (
+                                Check::Stale { applied: a, revision: e.revision },
+                                format!("{value} was applied at revision {a}; revision {} is at {bucket} {place} now", e.revision),
+                            ),
+                            Some(a) => (Check::Present { revision: e.revision, applied: Some(a) }, format!("revision {} is at {bucket} {place}, as applied", e.revision)),
+                            None => (Check::Present { revision: e.revision, applied: None }, format!("a value is at {bucket} {place}")),
+                        }
+                    }
                     Ok(None) => (Check::Missing, format!("no value at {bucket} {place}")),
                     Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
                 },
@@ -248,10 +271,11 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
     }
 
     let parts = record.as_ref().and_then(|r| r.parts.as_deref());
+    let values = record.as_ref().and_then(|r| r.values.as_ref());
     let mut checked: Vec<NeedStatus> = needs
         .into_iter()
         .map(|(need, recorded, planned)| {
-            let (place, check, reason) = check(env, node, module, &need, parts);
+            let (place, check, reason) = check(env, node, module, &need, parts, values);
             NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason }
         })
         .collect();
@@ -270,7 +294,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
     for n in &checked {
-        if let Check::Present { revision: r } | Check::Collected { revision: r, .. } = n.check {
+        if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
             revision = revision.max(r);
         }
     }
@@ -311,7 +335,7 @@ fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>,
         return (State::Pending, format!("{} need(s) recorded or planned, nothing applied yet{unknown_note}", needs.len()));
     };
     let build = applied.build.as_deref().unwrap_or("an unnamed build");
-    let missing = with(|c| *c == Check::Missing);
+    let missing = with(|c| matches!(c, Check::Missing | Check::Stale { .. }));
     if !missing.is_empty() {
         return (State::Degraded, format!("applied {build}, but {} grant(s) no longer hold: {}{unknown_note}", missing.len(), summary(&missing)));
     }
@@ -552,8 +576,14 @@ pub fn render(out: &mut String, s: &ModuleStatus) {
             }
             o.str("check", n.check.name());
             match n.check {
-                Check::Present { revision } => {
+                Check::Present { revision, applied } => {
                     o.raw("revision", &revision.to_string());
+                    if let Some(a) = applied {
+                        o.raw("applied_revision", &a.to_string());
+                    }
+                }
+                Check::Stale { applied, revision } => {
+                    o.raw("revision", &revision.to_string()).raw("applied_revision", &applied.to_string());
                 }
                 Check::Collected { items, revision } => {
                     o.raw("items", &items.to_string()).raw("revision", &revision.to_string());

@@ -398,8 +398,7 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             crate::backend::check_service(service)?;
             let cached = self.discovered.lock().unwrap_or_else(|p| p.into_inner()).get(service).copied();
-            if let Some((at, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
-                let _ = at;
+            if let Some((_, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
                 return Ok(n);
             }
             let n = self.discover(service).await?;

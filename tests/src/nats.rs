@@ -108,9 +108,17 @@ impl Bus {
     pub async fn create_plan_buckets(&self) {
         for (user, bucket) in PLAN_BUCKETS {
             let js = self.js(user).await;
-            js.create_key_value(jetstream::kv::Config { bucket: bucket.into(), history: 1, ..Default::default() })
-                .await
-                .unwrap_or_else(|e| panic!("{user} creates {bucket}: {e}"));
+            // A cluster that just started may still be electing its JetStream leader.
+            let start = Instant::now();
+            loop {
+                match js.create_key_value(jetstream::kv::Config { bucket: bucket.into(), history: 1, ..Default::default() }).await {
+                    Ok(_) => break,
+                    Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(e) => panic!("{user} creates {bucket}: {e}"),
+                }
+            }
         }
     }
 

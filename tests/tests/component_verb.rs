@@ -332,6 +332,9 @@ impl Backend for Stalled {
     fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
         &self.0
     }
+    fn responders<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+        Box::pin(std::future::pending())
+    }
 }
 
 #[tokio::test]
@@ -345,6 +348,14 @@ async fn every_import_a_call_makes_ends_with_the_calls_deadline() {
     let body = String::from_utf8_lossy(&reply.body).to_string();
     assert!(body.contains("deadline passed during the wait for mesh-provisioner_needs's mirror to be in sync"), "{body}");
     assert!(took < std::time::Duration::from_secs(2), "a stalled read held the call {took:?}");
+
+    // A status check whose discovery never answers is `unknown`, and the answer still comes in time.
+    let (check, _) = {
+        let started = std::time::Instant::now();
+        let r = tests::guest().handle(stalled.clone(), limits, "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20).await.unwrap();
+        (r, started.elapsed())
+    };
+    assert_eq!(check.code, ReplyCode::Unavailable, "{}", String::from_utf8_lossy(&check.body));
 
     let started = std::time::Instant::now();
     let r = tests::guest().reconcile(stalled, limits).await.unwrap();

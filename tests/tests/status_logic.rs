@@ -34,7 +34,7 @@ fn an_applied_module_whose_every_grant_holds_is_applied() {
     assert_eq!(s.have.as_deref(), Some("b7"));
     assert_eq!(s.applied_at.as_deref(), Some("2026-11-30T10:00:00Z"));
     let config = b.bucket(CONFIG).get("alpha.app.db_url").unwrap().unwrap().revision;
-    assert_eq!(check_of(&s, "config", "db_url").check, Check::Present { revision: config });
+    assert_eq!(check_of(&s, "config", "db_url").check, Check::Present { revision: config, applied: None });
     assert_eq!(check_of(&s, "secret", "db_password").check, Check::Answered { responders: 2 });
     assert!(matches!(check_of(&s, "bound", "postgres.db").check, Check::Present { .. }));
     let report = check_of(&s, "config", "report_url");
@@ -225,4 +225,24 @@ fn names_the_out_of_shape_keys_of_each_module() {
     assert_eq!(odd, [(NEEDS, "alpha.app.config.=3a"), (APPLIED, "alpha.app.extra")]);
     assert!(v["out_of_shape"][0]["reason"].as_str().unwrap().contains("upper-case"));
     assert!(v["out_of_shape"][1]["reason"].as_str().unwrap().contains("applied keys"), "{v}");
+}
+
+#[test]
+fn a_value_newer_than_the_one_applied_is_stale_and_degrades() {
+    let b = mesh();
+    let now = b.bucket(CONFIG).get("alpha.app.db_url").unwrap().unwrap().revision;
+    let record = |applied: u64| json!({"build":"b7","needs":4,"parts":["api"],"values":{"config:db_url": applied}}).to_string();
+    b.put(APPLIED, "alpha.app", record(now).as_bytes());
+    let s = of(&b, "alpha", "app");
+    assert_eq!(check_of(&s, "config", "db_url").check, Check::Present { revision: now, applied: Some(now) });
+    assert_eq!(s.state, State::Applied, "{}", s.reason);
+    // The value is rotated; the holder still runs the old one.
+    let rotated = b.put(CONFIG, "alpha.app.db_url", b"postgres://db-rotated");
+    let s = of(&b, "alpha", "app");
+    assert_eq!(check_of(&s, "config", "db_url").check, Check::Stale { applied: now, revision: rotated });
+    assert_eq!(s.state, State::Degraded);
+    assert!(s.reason.contains(&format!("applied at revision {now}; revision {rotated}")), "{}", s.reason);
+    // The holder applies the new one.
+    b.put(APPLIED, "alpha.app", record(rotated).as_bytes());
+    assert_eq!(of(&b, "alpha", "app").state, State::Applied);
 }
