@@ -387,20 +387,24 @@ fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>,
     Ok(Source { found, horizon })
 }
 
+/// A node and a module.
+type Pair = (String, String);
+
+/// A bucket whose keys start with a module's tokens: which keys, the module a key names, and
+/// whether a module has any key.
+struct Grouping<'a> {
+    bucket: &'a str,
+    filter: &'a str,
+    module_of: &'a dyn Fn(&str) -> Option<Pair>,
+    has: &'a dyn Fn(&Pair) -> Result<bool, HostError>,
+}
+
 /// Modules from a bucket whose keys start with a module's `<prefix>` tokens (needs:
 /// `<node>.<module>.…`; a composition bucket: `<module>.…`). Its key order groups a module's keys
 /// by `<prefix>.`, which sorts `app-x` before `app` ('-' < '.'), unlike the page's order: so after
 /// reading, each module that extends a shorter one with `-` has that shorter one looked up too.
-fn grouped(
-    env: &dyn Env,
-    bucket: &str,
-    filter: &str,
-    cursor: Option<&str>,
-    after: Option<&str>,
-    limit: u32,
-    module_of: &dyn Fn(&str) -> Option<(String, String)>,
-    has: &dyn Fn(&(String, String)) -> Result<bool, HostError>,
-) -> Result<Source, HostError> {
+fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
+    let Grouping { bucket, filter, module_of, has } = g;
     let mut found: Vec<(String, String)> = Vec::new();
     let mut cursor = cursor.map(str::to_string);
     let (mut read, mut complete) = (0usize, false);
@@ -460,7 +464,18 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
     let mut sources = vec![
         keyed_by_pair(env, ASSIGNMENTS, &tokens(""), after, limit)?,
         keyed_by_pair(env, APPLIED, &tokens(""), after, limit)?,
-        grouped(env, NEEDS, &tokens(".>"), after, after, limit, &pair_of, &|p| Ok(!env.scan(NEEDS, &format!("{}.>", join(p)), None, 1)?.entries.is_empty()))?,
+        grouped(
+            env,
+            &Grouping {
+                bucket: NEEDS,
+                filter: &tokens(".>"),
+                module_of: &pair_of,
+                has: &|p| Ok(!env.scan(NEEDS, &format!("{}.>", join(p)), None, 1)?.entries.is_empty()),
+            },
+            after,
+            after,
+            limit,
+        )?,
     ];
     // A node's engine may have composed modules nothing else names yet.
     if let Some(n) = node {
@@ -474,7 +489,8 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         if !skip {
             let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
             let has = |p: &(String, String)| Ok(!env.scan(&bucket, &format!("{}.*", p.1), None, 1)?.entries.is_empty());
-            sources.push(grouped(env, &bucket, ">", module_after.as_deref(), after, limit, &of, &has)?);
+            let grouping = Grouping { bucket: &bucket, filter: ">", module_of: &of, has: &has };
+            sources.push(grouped(env, &grouping, module_after.as_deref(), after, limit)?);
         }
     }
     let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();

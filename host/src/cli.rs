@@ -23,6 +23,26 @@ pub enum Command {
     Registry(RegistryCmd),
     /// Runs the checks a component must pass before it may serve.
     Check(Check),
+    /// Makes a signing key for components: the secret into a file (0600), the public key
+    /// (for `serve --trust-key`) printed.
+    Keygen(Keygen),
+    /// Signs a component: writes `<component>.sig`, which `serve --trust-key` requires.
+    Sign(Sign),
+}
+
+#[derive(Args, Debug)]
+pub struct Keygen {
+    /// Where the secret key goes (created 0600).
+    pub secret: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct Sign {
+    /// The secret key file `keygen` wrote.
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The component to sign.
+    pub component: PathBuf,
 }
 
 /// How to reach the bus.
@@ -93,6 +113,10 @@ pub struct Serve {
     /// The embedded server's port (a free one if not given).
     #[arg(long, env = "MESH_PROVISIONER_EMBEDDED_PORT")]
     pub embedded_port: Option<u16>,
+    /// Load or swap in only components signed by this ed25519 public key (64 hex digits, as
+    /// `keygen` prints): each needs `<component>.sig` (made by `sign`).
+    #[arg(long, env = "MESH_PROVISIONER_TRUST_KEY")]
+    pub trust_key: Option<String>,
     /// Replace the component only on SIGHUP (e.g. systemd's ExecReload), not whenever the file
     /// at --component changes.
     #[arg(long, env = "MESH_PROVISIONER_NO_WATCH")]

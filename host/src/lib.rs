@@ -26,6 +26,7 @@ pub mod runtime;
 pub mod seat;
 pub mod serve;
 pub mod service;
+pub mod trust;
 
 /// The WIT package this host speaks.
 pub const WIT_VERSION: &str = "mesh:provisioner@0.2.0";

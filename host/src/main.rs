@@ -16,6 +16,8 @@ async fn main() -> std::process::ExitCode {
         Command::Query(args) => mesh_provisioner::query::run(args).await,
         Command::Registry(args) => mesh_provisioner::check::registry(&args.component).await,
         Command::Check(args) => mesh_provisioner::check::check(&args.component).await,
+        Command::Keygen(args) => mesh_provisioner::trust::keygen(&args.secret).map(|public| println!("{public}")),
+        Command::Sign(args) => mesh_provisioner::trust::sign(&args.key, &args.component).map(|sig| println!("{}", sig.display())),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -64,75 +64,85 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
     Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
-/// Watches SIGHUP and (with `poll`) the file at `path` until the task is dropped, swapping in
-/// each new component.
-pub async fn watch(
-    path: PathBuf,
-    runtime: Runtime,
-    current: Arc<Current>,
-    cache: PathBuf,
-    limits: Limits,
-    reconciler: Reconciler,
-    poll: bool,
-) {
-    let mut hup = signal(SignalKind::hangup()).ok();
-    let mut seen = stamp(&path);
-    loop {
-        let hangup = tokio::select! {
-            _ = tokio::time::sleep(POLL), if poll => false,
-            _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
-        };
-        let now = stamp(&path);
-        if !hangup && now == seen {
-            continue;
-        }
-        // A writer may still be at work: wait until the file holds still.
-        let mut settled = now;
-        loop {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let again = stamp(&path);
-            if again == settled {
-                break;
-            }
-            settled = again;
-        }
-        seen = settled;
-        upgrade(&path, &runtime, &current, &cache, limits, &reconciler, hangup).await;
-    }
+/// What a hot replace needs: where the component is, how to compile and check it, what serves
+/// now, and whom to ask for the reconcile after a swap.
+pub struct Reloader {
+    pub path: PathBuf,
+    pub runtime: Runtime,
+    pub current: Arc<Current>,
+    pub cache: PathBuf,
+    pub limits: Limits,
+    pub reconciler: Reconciler,
+    /// Also look at the file every [`POLL`] (else SIGHUP only).
+    pub poll: bool,
+    pub trust: Option<crate::trust::TrustKey>,
 }
 
-/// One upgrade attempt; logs and records the outcome.
-pub async fn upgrade(path: &Path, runtime: &Runtime, current: &Current, cache: &Path, limits: Limits, reconciler: &Reconciler, forced: bool) {
-    let started = Instant::now();
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) => {
-            let reason = format!("reading {}: {e}", path.display());
-            tracing::warn!(reason, "component refused");
-            current.refuse(Refusal { digest: String::new(), reason });
+impl Reloader {
+    /// Watches SIGHUP and (with `poll`) the file until the task is dropped, swapping in each
+    /// new component.
+    pub async fn watch(self) {
+        let mut hup = signal(SignalKind::hangup()).ok();
+        let mut seen = stamp(&self.path);
+        loop {
+            let hangup = tokio::select! {
+                _ = tokio::time::sleep(POLL), if self.poll => false,
+                _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
+            };
+            let now = stamp(&self.path);
+            if !hangup && now == seen {
+                continue;
+            }
+            // A writer may still be at work: wait until the file holds still.
+            let mut settled = now;
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let again = stamp(&self.path);
+                if again == settled {
+                    break;
+                }
+                settled = again;
+            }
+            seen = settled;
+            self.upgrade(hangup).await;
+        }
+    }
+
+    /// One upgrade attempt; logs and records the outcome.
+    pub async fn upgrade(&self, forced: bool) {
+        let Reloader { path, runtime, current, cache, limits, reconciler, trust, .. } = self;
+        let (path, limits, trust) = (path.as_path(), *limits, trust.as_ref());
+        let started = Instant::now();
+        let bytes = match crate::trust::read_component(path, trust) {
+            Ok(b) => b,
+            Err(e) => {
+                let reason = e.message().to_string();
+                tracing::warn!(reason, "component refused");
+                current.refuse(Refusal { digest: String::new(), reason });
+                return;
+            }
+        };
+        let digest = hex::encode(Sha256::digest(&bytes));
+        if digest == current.get().guest.digest() {
+            if forced {
+                tracing::info!(digest, "component unchanged; nothing to swap");
+            }
             return;
         }
-    };
-    let digest = hex::encode(Sha256::digest(&bytes));
-    if digest == current.get().guest.digest() {
-        if forced {
-            tracing::info!(digest, "component unchanged; nothing to swap");
-        }
-        return;
-    }
-    match prepare(runtime, &bytes, Some(cache), limits).await {
-        Ok(loaded) => {
-            let (version, from_cache) = (loaded.info.version.clone(), loaded.guest.from_cache());
-            let old = current.swap(loaded);
-            tracing::info!(
-                digest, version, from_cache, old_version = old.info.version, elapsed = ?started.elapsed(),
-                "component swapped"
-            );
-            reconciler.request("swapped the component");
-        }
-        Err(e) => {
-            tracing::warn!(digest, reason = e.message(), elapsed = ?started.elapsed(), "component refused; the current one keeps serving");
-            current.refuse(Refusal { digest, reason: e.message().to_string() });
+        match prepare(runtime, &bytes, Some(cache), limits).await {
+            Ok(loaded) => {
+                let (version, from_cache) = (loaded.info.version.clone(), loaded.guest.from_cache());
+                let old = current.swap(loaded);
+                tracing::info!(
+                    digest, version, from_cache, old_version = old.info.version, elapsed = ?started.elapsed(),
+                    "component swapped"
+                );
+                reconciler.request("swapped the component");
+            }
+            Err(e) => {
+                tracing::warn!(digest, reason = e.message(), elapsed = ?started.elapsed(), "component refused; the current one keeps serving");
+                current.refuse(Refusal { digest, reason: e.message().to_string() });
+            }
         }
     }
 }

@@ -24,10 +24,14 @@ pub async fn run(args: Serve) -> Result<()> {
     }
     let limits = Limits { deadline: args.guest_deadline, memory: (args.guest_memory as usize) << 20 };
     let state = &args.connect.state_dir;
-    std::fs::create_dir_all(state).map_err(|e| Error::new(ErrorKind::Config, format!("state directory {}: {e}", state.display())))?;
+    crate::trust::private_dir(state)?;
+    let trust = match &args.trust_key {
+        Some(k) => Some(crate::trust::TrustKey::parse(k)?),
+        None => None,
+    };
 
     let runtime = Runtime::new()?;
-    let current = Current::new(load(&runtime, &args.component, state, limits).await?);
+    let current = Current::new(load(&runtime, &args.component, Some(&state.join("components")), trust.as_ref(), limits).await?);
 
     let mut embedded: Option<Server> = None;
     // Every (re)connection to the bus after the first bumps this.
@@ -133,15 +137,19 @@ pub async fn run(args: Serve) -> Result<()> {
             }
         })
     };
-    let watcher = tokio::spawn(crate::reload::watch(
-        args.component.clone(),
-        runtime.clone(),
-        current.clone(),
-        state.join("components"),
-        limits,
-        reconciler.clone(),
-        !args.no_watch,
-    ));
+    let watcher = tokio::spawn(
+        crate::reload::Reloader {
+            path: args.component.clone(),
+            runtime: runtime.clone(),
+            current: current.clone(),
+            cache: state.join("components"),
+            limits,
+            reconciler: reconciler.clone(),
+            poll: !args.no_watch,
+            trust,
+        }
+        .watch(),
+    );
 
     let mut demo_done = !args.demo;
     let mut held = seat.subscribe();
@@ -202,11 +210,12 @@ fn default_instance() -> Result<String> {
     Ok(format!("{}-{}-{tag}", host.trim(), std::process::id()))
 }
 
-/// Reads, compiles (or takes from the cache), type-checks and smoke-runs a component.
-pub async fn load(runtime: &Runtime, path: &std::path::Path, state: &std::path::Path, limits: Limits) -> Result<Loaded> {
-    let bytes = std::fs::read(path).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
+/// Reads (as trusted code: see [`crate::trust`]), compiles (or takes from `cache`),
+/// type-checks and smoke-runs a component.
+pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std::path::Path>, trust: Option<&crate::trust::TrustKey>, limits: Limits) -> Result<Loaded> {
+    let bytes = crate::trust::read_component(path, trust)?;
     let started = std::time::Instant::now();
-    let loaded = crate::reload::prepare(runtime, &bytes, Some(&state.join("components")), limits).await?;
+    let loaded = crate::reload::prepare(runtime, &bytes, cache, limits).await?;
     tracing::info!(
         component = %path.display(),
         digest = loaded.guest.digest(),

@@ -192,22 +192,25 @@ impl Runtime {
     fn compile(&self, bytes: &[u8], digest: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
         let path = cache.map(|dir| self.artifact_path(dir, digest));
         if let Some(p) = path.as_ref().filter(|p| p.exists()) {
-            // SAFETY: the artifact was written by `Component::serialize` of an engine with the
-            // same compatibility hash (it is in the file name), into the program's own state
-            // directory; wasmtime also checks the header before use.
-            match unsafe { Component::deserialize_file(&self.engine, p) } {
-                Ok(c) => return Ok((c, true)),
-                Err(e) => tracing::warn!(path = %p.display(), "cached component unusable, recompiling: {e:#}"),
+            match crate::trust::trusted_artifact(p) {
+                // SAFETY: native code, loaded only as this server wrote it: the directory and
+                // the file are this user's alone and the bytes (the very ones loaded, not the
+                // file read again) match the digest recorded when `Component::serialize` of an
+                // engine with the same compatibility hash (in the name) wrote them; wasmtime
+                // also checks the header.
+                Ok(bytes) => match unsafe { Component::deserialize(&self.engine, &bytes) } {
+                    Ok(c) => return Ok((c, true)),
+                    Err(e) => tracing::warn!(path = %p.display(), "cached component unusable, recompiling: {e:#}"),
+                },
+                Err(why) => tracing::warn!(path = %p.display(), "cached component not trusted, recompiling: {why}"),
             }
         }
         let component = Component::new(&self.engine, bytes).map_err(guest_err("compiling the component"))?;
         if let Some(p) = path {
-            let written = component.serialize().map_err(|e| e.to_string()).and_then(|art| {
-                std::fs::create_dir_all(p.parent().unwrap_or(Path::new("."))).map_err(|e| e.to_string())?;
-                let tmp = p.with_extension("tmp");
-                std::fs::write(&tmp, art).map_err(|e| e.to_string())?;
-                std::fs::rename(&tmp, &p).map_err(|e| e.to_string())
-            });
+            let written = component
+                .serialize()
+                .map_err(|e| e.to_string())
+                .and_then(|art| crate::trust::write_artifact(&p, &art).map_err(|e| e.to_string()));
             if let Err(e) = written {
                 tracing::warn!(path = %p.display(), "could not cache the compiled component: {e}");
             }
