@@ -477,21 +477,30 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
             limit,
         )?,
     ];
-    // A node's engine may have composed modules nothing else names yet.
-    if let Some(n) = node {
+    // A node's engine may have composed modules nothing else names yet: read the compositions
+    // of the node asked, or of each node this page reaches (and the cursor's). A node known from
+    // its compositions alone is listed when asked by name (a bucket cannot be listed here).
+    let mut nodes: Vec<String> = match node {
+        Some(n) => vec![n.to_string()],
+        None => sources.iter().flat_map(|s| s.found.iter().map(|(n, _)| n.clone())).chain(after.and_then(pair_of).map(|(n, _)| n)).collect(),
+    };
+    nodes.sort();
+    nodes.dedup();
+    let module_filter = module.map_or(">".to_string(), |m| format!("{m}.*"));
+    for n in &nodes {
         let bucket = composed(n);
         let module_after = match after {
             Some(a) if a < format!("{n}.").as_str() => None,
             Some(a) => a.strip_prefix(&format!("{n}.")).map(str::to_string),
             None => None,
         };
-        let skip = after.is_some_and(|a| a >= format!("{n}/").as_str());
-        if !skip {
-            let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
-            let has = |p: &(String, String)| Ok(!env.scan(&bucket, &format!("{}.*", p.1), None, 1)?.entries.is_empty());
-            let grouping = Grouping { bucket: &bucket, filter: ">", module_of: &of, has: &has };
-            sources.push(grouped(env, &grouping, module_after.as_deref(), after, limit)?);
+        if after.is_some_and(|a| a >= format!("{n}/").as_str()) {
+            continue;
         }
+        let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
+        let has = |p: &Pair| Ok(!env.scan(&bucket, &format!("{}.*", p.1), None, 1)?.entries.is_empty());
+        let grouping = Grouping { bucket: &bucket, filter: &module_filter, module_of: &of, has: &has };
+        sources.push(grouped(env, &grouping, module_after.as_deref(), after, limit)?);
     }
     let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();
     let mut all: Vec<(String, String)> = sources.into_iter().flat_map(|s| s.found).collect();

@@ -200,7 +200,20 @@ async fn plan_inputs(bus: &Bus) {
     bus.put("node-alpha", "composed-alpha", "m000420.b2", composed.as_bytes()).await;
     bus.put("mesh-controller", "mesh-controller_assignments", "alpha.m000420", br#"{"want":"b1"}"#).await;
     bus.put("mesh-indexer", "mesh-indexer_builds", "m000420", br#"{"newest":"b2"}"#).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Waits (bounded) until the plan of alpha/m000420 is planned: buckets created after the host
+/// started are found within its poll for them (a second).
+async fn wait_planned(c: &Client) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let (_, plan) = tests::nats::ask_verb(c, "mesh-provisioner.plan", br#"{"node":"alpha","module":"m000420"}"#).await.expect("the plan verb answers");
+        if plan["state"] == "planned" {
+            return plan;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never planned: {plan}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::main]
@@ -259,8 +272,7 @@ async fn main() {
     // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
     plan_inputs(&bus).await;
     let plan_query = br#"{"node":"alpha","module":"m000420"}"#;
-    let (_, plan) = tests::nats::ask_verb(&c, "mesh-provisioner.plan", plan_query).await.expect("the plan verb answers");
-    assert_eq!(plan["state"], "planned", "{plan}");
+    let plan = wait_planned(&c).await;
     println!("plan of one module: 2 builds, 10 needs each ({} bytes)", plan.to_string().len());
     measure("plan", &c, &sized, "mesh-provisioner.plan", plan_query).await;
 

@@ -200,13 +200,14 @@ fn lists_every_module_known_from_any_source_once_in_key_order() {
     b.put(NEEDS, "alpha.app-x-y.config.a", b"{}");
     b.put(APPLIED, "alpha.ap", br#"{"build":"b1","needs":0}"#);
     b.put("composed-gamma", "engine-only.e1", br#"{"state":"refused","reason":"no"}"#);
-    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.odd", "gamma.worker"];
+    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.engine-only", "gamma.odd", "gamma.worker"];
     for limit in [1, 2, 3, 1000] {
         assert_eq!(listed(&b, json!({"what":"status","limit":limit}), 1 << 20), all, "limit {limit}");
     }
     let gamma = listed(&b, json!({"what":"status","node":"gamma","limit":1}), 1 << 20);
     assert_eq!(gamma, ["gamma.engine-only", "gamma.odd", "gamma.worker"]);
     assert_eq!(listed(&b, json!({"what":"status","module":"app"}), 1 << 20), ["alpha.app"]);
+    assert_eq!(listed(&b, json!({"what":"status","node":"gamma","module":"engine-only"}), 1 << 20), ["gamma.engine-only"]);
     assert_eq!(listed(&b, json!({"what":"status","node":"beta","module":"metrics"}), 1 << 20), ["beta.metrics"]);
     assert!(listed(&b, json!({"what":"status","node":"beta","module":"nothing"}), 1 << 20).is_empty());
     // Paged by bytes too: a small reply still reaches every module.
