@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::kv;
 use async_nats::Client;
 use serde_json::{json, Map, Value};
 use tests::golden;
@@ -137,36 +136,47 @@ async fn query_plan_prints_provisions_and_refuses_a_request_without_a_module() {
 async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
     let bus = Bus::start().await;
     bus.create_plan_buckets().await;
-    let refused = |r: Result<u64, kv::PutError>| r.is_err();
-    async fn lands(js: &async_nats::jetstream::Context, subject: &str) -> bool {
-        match js.publish(subject.to_string(), "{}".into()).await {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        }
+    /// Publishes as a core message; the server takes it or refuses it by name.
+    async fn publish(c: &Client, subject: &str) {
+        c.publish(subject.to_string(), "{}".into()).await.expect("publish");
+        c.flush().await.expect("flush");
     }
+    let js = |c: &Client| {
+        let mut js = async_nats::jetstream::new(c.clone());
+        js.set_timeout(Duration::from_millis(1500));
+        js
+    };
     // A node's engine writes its own node's compositions and no other's.
-    let alpha = bus.js("node-alpha").await;
-    assert!(!refused(alpha.get_key_value("composed-alpha").await.unwrap().put("app.b1", "{}".into()).await));
-    assert!(alpha.get_key_value("composed-beta").await.is_err(), "node-alpha opened composed-beta");
-    assert!(!lands(&alpha, "$KV.composed-beta.app.b1").await, "node-alpha wrote composed-beta");
-    assert!(alpha.get_key_value("mesh-controller_assignments").await.is_err());
+    let (alpha, denied) = bus.watched("node-alpha").await;
+    assert!(js(&alpha).get_key_value("composed-alpha").await.unwrap().put("app.b1", "{}".into()).await.is_ok());
+    assert!(js(&alpha).get_key_value("composed-beta").await.is_err(), "node-alpha opened composed-beta");
+    denied.expect("Publish to", "$JS.API.STREAM.INFO.KV_composed-beta").await;
+    publish(&alpha, "$KV.composed-beta.app.b1").await;
+    denied.expect("Publish to", "$KV.composed-beta.app.b1").await;
+    assert!(js(&alpha).get_key_value("mesh-controller_assignments").await.is_err());
+    denied.expect("Publish to", "$JS.API.STREAM.INFO.KV_mesh-controller_assignments").await;
     // The controller writes assignments only; the indexer builds only.
-    let controller = bus.js("mesh-controller").await;
-    assert!(controller.get_key_value("mesh-indexer_builds").await.is_err());
-    assert!(!lands(&controller, "$KV.composed-alpha.app.b2").await);
-    let indexer = bus.js("mesh-indexer").await;
-    assert!(!lands(&indexer, "$KV.mesh-controller_assignments.alpha.app").await);
+    let (controller, cdenied) = bus.watched("mesh-controller").await;
+    assert!(js(&controller).get_key_value("mesh-indexer_builds").await.is_err());
+    cdenied.expect("Publish to", "$JS.API.STREAM.INFO.KV_mesh-indexer_builds").await;
+    publish(&controller, "$KV.composed-alpha.app.b2").await;
+    cdenied.expect("Publish to", "$KV.composed-alpha.app.b2").await;
+    let (indexer, idenied) = bus.watched("mesh-indexer").await;
+    publish(&indexer, "$KV.mesh-controller_assignments.alpha.app").await;
+    idenied.expect("Publish to", "$KV.mesh-controller_assignments.alpha.app").await;
     // The provisioner reads them all and writes none.
-    let prov = bus.js("mesh-provisioner").await;
+    let (prov, pdenied) = bus.watched("mesh-provisioner").await;
     for (_, bucket) in PLAN_BUCKETS {
-        let kv = prov.get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
-        assert!(refused(kv.put("alpha.app", "{}".into()).await), "the provisioner wrote {bucket}");
+        let kv = js(&prov).get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
+        assert!(kv.put("alpha.app", "{}".into()).await.is_err(), "the provisioner wrote {bucket}");
+        pdenied.expect("Publish to", &format!("$KV.{bucket}.alpha.app")).await;
     }
-    assert_eq!(prov.get_key_value("composed-alpha").await.unwrap().get("app.b1").await.unwrap().as_deref(), Some(&b"{}"[..]));
+    let pjs = js(&prov);
+    assert_eq!(pjs.get_key_value("composed-alpha").await.unwrap().get("app.b1").await.unwrap().as_deref(), Some(&b"{}"[..]));
     // Nothing refused landed.
-    assert!(prov.get_key_value("composed-beta").await.unwrap().get("app.b1").await.unwrap().is_none());
-    assert!(prov.get_key_value("composed-alpha").await.unwrap().get("app.b2").await.unwrap().is_none());
-    assert!(prov.get_key_value("mesh-controller_assignments").await.unwrap().get("alpha.app").await.unwrap().is_none());
+    assert!(pjs.get_key_value("composed-beta").await.unwrap().get("app.b1").await.unwrap().is_none());
+    assert!(pjs.get_key_value("composed-alpha").await.unwrap().get("app.b2").await.unwrap().is_none());
+    assert!(pjs.get_key_value("mesh-controller_assignments").await.unwrap().get("alpha.app").await.unwrap().is_none());
 }
 
 #[tokio::test]
