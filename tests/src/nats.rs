@@ -356,6 +356,19 @@ impl Host {
         self.state
     }
 
+    /// Waits (bounded) until the `$SRV.INFO` metadata satisfies `cond`, returning it.
+    pub async fn info_until(client: &Client, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let m = Self::info(client).await;
+            if cond(&m) {
+                return m;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "INFO never showed {what}: {m}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The micro service's `$SRV.INFO` metadata.
     pub async fn info(client: &Client) -> Value {
         let m = client.request("$SRV.INFO.mesh-provisioner", "".into()).await.expect("INFO answers");

@@ -5,23 +5,10 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use tests::nats::{host_binary, Bus, Host};
 use tests::{fixture, install};
 
-/// Waits (bounded) until the INFO metadata satisfies `cond`.
-async fn info_until(c: &async_nats::Client, what: &str, cond: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let m = Host::info(c).await;
-        if cond(&m) {
-            return m;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "INFO never showed {what}: {m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// The one cached artifact of the state directory.
 fn artifact(state: &Path) -> PathBuf {
@@ -90,7 +77,7 @@ async fn a_component_others_may_write_is_refused() {
     std::fs::copy(fixture("v2"), &tmp).unwrap();
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o664)).unwrap();
     std::fs::rename(&tmp, &component).unwrap();
-    let m = info_until(&c, "a refusal", |m| m["refusals"] == "1").await;
+    let m = Host::info_until(&c, "a refusal", |m| m["refusals"] == "1").await;
     assert!(m["last_refusal"].as_str().unwrap().contains("mode 0664"), "{m}");
     assert_ne!(m["component_version"], "0.2.0-fixture");
     host.stop().await;
@@ -130,11 +117,11 @@ async fn with_a_trust_key_only_signed_components_load() {
     cli(&["sign", "--key", other.to_str().unwrap(), staged.to_str().unwrap()]);
     std::fs::copy(dir.path().join("staged.wasm.sig"), dir.path().join("guest.wasm.sig")).unwrap();
     install(&staged, &component);
-    let m = info_until(&c, "a refusal", |m| m["refusals"] == "1").await;
+    let m = Host::info_until(&c, "a refusal", |m| m["refusals"] == "1").await;
     assert!(m["last_refusal"].as_str().unwrap().contains("does not verify"), "{m}");
     // Signed by the trusted key: swapped in (SIGHUP, the file itself being unchanged).
     cli(&["sign", "--key", secret.to_str().unwrap(), component.to_str().unwrap()]);
     host.signal("HUP");
-    info_until(&c, "v2 swapped in", |m| m["component_version"] == "0.2.0-fixture").await;
+    Host::info_until(&c, "v2 swapped in", |m| m["component_version"] == "0.2.0-fixture").await;
     host.stop().await;
 }

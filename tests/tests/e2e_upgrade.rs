@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tests::nats::{ask_raw, Bus, Host};
 use tests::{fixture, install, keys};
 
@@ -25,18 +25,6 @@ async fn still_answers(c: &async_nats::Client, what: &str) {
     assert_eq!(keys(&v).len(), 13, "after {what}: {v}");
 }
 
-/// Waits (bounded) until `cond` holds of the INFO metadata.
-async fn info_until(c: &async_nats::Client, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let m = Host::info(c).await;
-        if cond(&m) {
-            return m;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "INFO never showed {what}: {m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test]
 async fn swaps_to_a_new_version_under_load_without_losing_a_request() {
@@ -70,7 +58,7 @@ async fn swaps_to_a_new_version_under_load_without_losing_a_request() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let swapped_at = Instant::now();
     install(&fixture("v2"), &component);
-    let meta = info_until(&c, "version 0.2.0-fixture", |m| m["component_version"] == "0.2.0-fixture").await;
+    let meta = Host::info_until(&c, "version 0.2.0-fixture", |m| m["component_version"] == "0.2.0-fixture").await;
     let swap_time = swapped_at.elapsed();
     // The registry follows the new table: `archive` added, `machine` deleted.
     let start = Instant::now();
@@ -121,7 +109,7 @@ async fn refuses_each_bad_component_and_keeps_serving_the_current_one() {
     {
         install(&fixture(name), &component);
         let want = (n + 1).to_string();
-        let m = info_until(&c, &format!("refusal {want}"), |m| m["refusals"] == want.as_str()).await;
+        let m = Host::info_until(&c, &format!("refusal {want}"), |m| m["refusals"] == want.as_str()).await;
         let reason = m["last_refusal"].as_str().unwrap_or_default();
         assert!(reason.contains(why), "{name} refused for {reason:?}, wanted {why:?}");
         assert_eq!(m["component_digest"], digest, "{name} replaced the serving component");
