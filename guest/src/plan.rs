@@ -16,7 +16,7 @@ use crate::env::{Env, HostError};
 use crate::escape::{identifier_problem, shorten};
 use crate::keys::{composed, APPLIED, ASSIGNMENTS, BUILDS};
 use crate::provision;
-use crate::value::{push_list, push_str, Obj};
+use crate::value::{push_list, push_strs, Obj};
 
 /// The version of the kept-plan contents this guest writes and reads.
 pub const KEPT_FORMAT: u64 = 1;
@@ -320,27 +320,17 @@ impl Plan {
         let (state, reason) = self.state();
         let mut out = String::with_capacity(4096);
         let mut o = Obj::new(&mut out);
-        o.str("node", &self.node).str("module", &self.module).str("state", state.name());
-        if let Some(r) = &reason {
-            o.str("reason", r);
-        }
-        for (field, b) in [("want", &self.want), ("have", &self.have), ("newest", &self.newest)] {
-            if let Some(b) = b {
-                o.str(field, b);
-            }
-        }
+        o.str("node", &self.node).str("module", &self.module).str("state", state.name()).opt_str("reason", reason.as_deref());
+        o.opt_str("want", self.want.as_deref()).opt_str("have", self.have.as_deref()).opt_str("newest", self.newest.as_deref());
         o.with("entries", |out| {
             push_list(out, &self.entries, |out, e| {
                 let mut o = Obj::new(out);
-                o.with("as", |out| push_list(out, &e.roles, |out, r| push_str(out, r)));
+                o.with("as", |out| push_strs(out, &e.roles));
                 match &e.build {
                     Some(b) => o.str("build", b),
                     None => o.raw("build", "null"),
                 };
-                o.str("state", e.state.name());
-                if let Some(r) = &e.reason {
-                    o.str("reason", r);
-                }
+                o.str("state", e.state.name()).opt_str("reason", e.reason.as_deref());
                 if let Some((build, plan)) = &e.plan {
                     o.str("plan_build", build).raw("plan", plan.raw.get());
                     o.with("provisions", |out| push_provisions(out, &self.node, &self.module, plan));

@@ -16,11 +16,11 @@ use serde_json::Value;
 
 use crate::env::{Env, HostError};
 use crate::escape::{is_identifier, shorten};
-use crate::keys::{composed, parse_assignment, parse_composed, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::keys::{composed, parse_applied, parse_assignment, parse_composed, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
 use crate::plan;
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
-use crate::value::{push_list, push_str, Obj};
+use crate::value::{push_list, push_str, push_strs, Obj};
 use crate::verb::{Code, Reply};
 
 /// Most modules one page of status holds: each costs a plan and a check per need.
@@ -249,7 +249,8 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
     }
     for bucket in [APPLIED, ASSIGNMENTS] {
         for e in scan_all(env, bucket, &format!("{pair}.>"))? {
-            let reason = parse_assignment(&e.key).err().unwrap_or_default().replace("assignment keys", if bucket == APPLIED { "applied keys" } else { "assignment keys" });
+            let parsed = if bucket == APPLIED { parse_applied(&e.key) } else { parse_assignment(&e.key) };
+            let reason = parsed.err().unwrap_or_default();
             out_of_shape.push(OutOfShape { bucket, key: e.key, revision: e.revision, reason });
         }
     }
@@ -354,27 +355,30 @@ fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>,
     (State::Applied, format!("applied {build}: every need's check passes now ({} need(s){skipped})", counted.len()))
 }
 
+/// A node and a module.
+type Pair = (String, String);
+
 /// A page of modules: the `(node, module)` pairs after `after`, in key order of `<node>.<module>`.
 struct Modules {
-    pairs: Vec<(String, String)>,
+    pairs: Vec<Pair>,
     more: bool,
 }
 
 /// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
-fn pair_of(key: &str) -> Option<(String, String)> {
+fn pair_of(key: &str) -> Option<Pair> {
     let mut t = key.split('.');
     let (n, m) = (t.next()?, t.next()?);
     (is_identifier(n) && is_identifier(m)).then(|| (n.to_string(), m.to_string()))
 }
 
-fn join(p: &(String, String)) -> String {
+fn join(p: &Pair) -> String {
     format!("{}.{}", p.0, p.1)
 }
 
 /// The modules one source names: those read, and the last module up to which it is complete
 /// (`None`: read to its end).
 struct Source {
-    found: Vec<(String, String)>,
+    found: Vec<Pair>,
     horizon: Option<String>,
 }
 
@@ -382,13 +386,15 @@ struct Source {
 /// the page's order, so the first `limit + 1` after `after` are exactly its share.
 fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let page = env.scan(bucket, filter, after, limit + 1)?;
-    let found: Vec<(String, String)> = page.entries.iter().filter_map(|e| parse_assignment(&e.key).ok().map(|k| (k.node, k.module))).collect();
+    let found: Vec<Pair> = page.entries.iter().filter_map(|e| parse_assignment(&e.key).ok().map(|k| (k.node, k.module))).collect();
     let horizon = page.more.then(|| page.entries.last().map(|e| e.key.clone())).flatten();
     Ok(Source { found, horizon })
 }
 
-/// A node and a module.
-type Pair = (String, String);
+/// Whether `bucket` holds any key matching `filter`.
+fn any(env: &dyn Env, bucket: &str, filter: &str) -> Result<bool, HostError> {
+    Ok(!env.scan(bucket, filter, None, 1)?.entries.is_empty())
+}
 
 /// A bucket whose keys start with a module's tokens: which keys, the module a key names, and
 /// whether a module has any key.
@@ -405,10 +411,10 @@ struct Grouping<'a> {
 /// reading, each module that extends a shorter one with `-` has that shorter one looked up too.
 fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let Grouping { bucket, filter, module_of, has } = g;
-    let mut found: Vec<(String, String)> = Vec::new();
+    let mut found: Vec<Pair> = Vec::new();
     let mut cursor = cursor.map(str::to_string);
     let (mut read, mut complete) = (0usize, false);
-    let beyond = |p: &(String, String)| after.is_none_or(|a| join(p).as_str() > a);
+    let beyond = |p: &Pair| after.is_none_or(|a| join(p).as_str() > a);
     while found.len() <= limit as usize && read < MAX_NEEDS_READ {
         let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
         read += page.entries.len();
@@ -452,8 +458,8 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         }
         let known = env.get(ASSIGNMENTS, &key)?.is_some()
             || env.get(APPLIED, &key)?.is_some()
-            || !env.scan(NEEDS, &format!("{key}.>"), None, 1)?.entries.is_empty()
-            || !env.scan(&composed(n), &format!("{m}.*"), None, 1)?.entries.is_empty();
+            || any(env, NEEDS, &format!("{key}.>"))?
+            || any(env, &composed(n), &format!("{m}.*"))?;
         return Ok(Modules { pairs: if known { vec![pair] } else { vec![] }, more: false });
     }
     let tokens = |rest: &str| match (node, module) {
@@ -470,7 +476,7 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
                 bucket: NEEDS,
                 filter: &tokens(".>"),
                 module_of: &pair_of,
-                has: &|p| Ok(!env.scan(NEEDS, &format!("{}.>", join(p)), None, 1)?.entries.is_empty()),
+                has: &|p| any(env, NEEDS, &format!("{}.>", join(p))),
             },
             after,
             after,
@@ -498,12 +504,12 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
             continue;
         }
         let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
-        let has = |p: &Pair| Ok(!env.scan(&bucket, &format!("{}.*", p.1), None, 1)?.entries.is_empty());
+        let has = |p: &Pair| any(env, &bucket, &format!("{}.*", p.1));
         let grouping = Grouping { bucket: &bucket, filter: &module_filter, module_of: &of, has: &has };
         sources.push(grouped(env, &grouping, module_after.as_deref(), after, limit)?);
     }
     let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();
-    let mut all: Vec<(String, String)> = sources.into_iter().flat_map(|s| s.found).collect();
+    let mut all: Vec<Pair> = sources.into_iter().flat_map(|s| s.found).collect();
     all.sort_by_key(join);
     all.dedup();
     all.retain(|p| after.is_none_or(|a| join(p).as_str() > a));
@@ -576,20 +582,14 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
 pub fn render(out: &mut String, s: &ModuleStatus) {
     let mut o = Obj::new(out);
     o.str("node", &s.node).str("module", &s.module).str("state", s.state.name()).str("reason", &s.reason);
-    for (field, v) in [("want", &s.want), ("have", &s.have), ("applied_at", &s.applied_at)] {
-        if let Some(v) = v {
-            o.str(field, v);
-        }
-    }
+    o.opt_str("want", s.want.as_deref()).opt_str("have", s.have.as_deref()).opt_str("applied_at", s.applied_at.as_deref());
     o.with("needs", |out| {
         push_list(out, &s.needs, |out, n| {
             let mut o = Obj::new(out);
             o.str("kind", &n.kind).str("name", &n.name);
-            if let Some(p) = &n.part {
-                o.str("part", p);
-            }
+            o.opt_str("part", n.part.as_deref());
             let source: Vec<&str> = [("recorded", n.recorded), ("planned", n.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
-            o.with("source", |out| push_list(out, &source, |out, s| push_str(out, s)));
+            o.with("source", |out| push_strs(out, &source));
             match &n.place {
                 Place::Bucket { domain, bucket, place, filter } => {
                     o.str("domain", domain).str("bucket", bucket).str(if *filter { "filter" } else { "key" }, place);

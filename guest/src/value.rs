@@ -42,6 +42,11 @@ pub fn push_list<T>(out: &mut String, items: impl IntoIterator<Item = T>, mut it
     out.push(']');
 }
 
+/// Appends a JSON list of strings to `out`.
+pub fn push_strs<S: AsRef<str>>(out: &mut String, items: &[S]) {
+    push_list(out, items, |out, s| push_str(out, s.as_ref()));
+}
+
 /// Writes one JSON object field by field, straight into a string: answers are rendered without
 /// building a tree of values first.
 pub struct Obj<'a> {
@@ -68,6 +73,14 @@ impl<'a> Obj<'a> {
     pub fn str(&mut self, k: &str, v: &str) -> &mut Self {
         self.key(k);
         push_str(self.out, v);
+        self
+    }
+
+    /// A string field, only when there is a value.
+    pub fn opt_str(&mut self, k: &str, v: Option<&str>) -> &mut Self {
+        if let Some(v) = v {
+            self.str(k, v);
+        }
         self
     }
 

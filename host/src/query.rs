@@ -189,16 +189,21 @@ pub fn status_table(reply: &Value, needs: bool, colour: bool) -> String {
         }
     }
     out.push_str(&format!("{} module(s) at revision {}\n", rows.len() - 1, reply["revision"]));
-    let odd = reply["out_of_shape"].as_array().cloned().unwrap_or_default();
-    if !odd.is_empty() {
-        out.push_str(&format!("\n{} key(s) out of shape:\n", odd.len()));
-        let mut rows = vec![vec!["BUCKET".to_string(), "KEY".into(), "REASON".into()]];
-        for e in odd {
-            rows.push(vec![text(&e["bucket"]), text(&e["key"]), text(&e["reason"])]);
-        }
-        out.push_str(&render(&rows));
-    }
+    out.push_str(&out_of_shape(reply, &["bucket", "key", "reason"]));
     out
+}
+
+/// The reply's out-of-shape keys as a table of `columns`; nothing when there are none.
+fn out_of_shape(reply: &Value, columns: &[&str]) -> String {
+    let odd = reply["out_of_shape"].as_array().cloned().unwrap_or_default();
+    if odd.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![columns.iter().map(|c| if *c == "revision" { "REV".to_string() } else { c.to_uppercase() }).collect::<Vec<_>>()];
+    for e in &odd {
+        rows.push(columns.iter().map(|c| e[*c].as_str().map_or_else(|| e[*c].to_string(), str::to_string)).collect());
+    }
+    format!("\n{} key(s) out of shape:\n{}", odd.len(), render(&rows))
 }
 
 /// A readable table of a reply.
@@ -222,15 +227,7 @@ pub fn table(reply: &Value) -> String {
     }
     let mut out = render(&rows);
     out.push_str(&format!("{} entries at revision {}\n", rows.len() - 1, reply["revision"]));
-    let odd = reply["out_of_shape"].as_array().cloned().unwrap_or_default();
-    if !odd.is_empty() {
-        out.push_str(&format!("\n{} key(s) out of shape:\n", odd.len()));
-        let mut rows = vec![vec!["KEY".to_string(), "REV".into(), "REASON".into()]];
-        for e in odd {
-            rows.push(vec![e["key"].as_str().unwrap_or("").into(), e["revision"].to_string(), e["reason"].as_str().unwrap_or("").into()]);
-        }
-        out.push_str(&render(&rows));
-    }
+    out.push_str(&out_of_shape(reply, &["key", "revision", "reason"]));
     out
 }
 

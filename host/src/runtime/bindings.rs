@@ -38,13 +38,23 @@ type R<T> = wasmtime::Result<Result<T, types::HostError>>;
 const IMPORT_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Runs an import's work within the call's deadline: a mirror that is slow to sync or a bus that
-/// does not answer can never hold a call (and so a reply) past it. What ran out is a `timeout`.
-async fn bounded<T>(deadline: std::time::Instant, what: &str, work: impl std::future::Future<Output = crate::error::Result<T>>) -> Result<T, types::HostError> {
+/// does not answer can never hold a call (and so a reply) past it. What ran out is a `timeout`,
+/// named by `what` (written only then: imports are on every request's path).
+async fn bounded<T>(
+    deadline: std::time::Instant,
+    what: impl FnOnce() -> String,
+    work: impl std::future::Future<Output = crate::error::Result<T>>,
+) -> Result<T, types::HostError> {
     let until = deadline.checked_sub(IMPORT_MARGIN).unwrap_or(deadline);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(until), work).await {
         Ok(done) => done.map_err(host_error),
-        Err(_) => Err(host_error(Error::new(ErrorKind::Timeout, format!("the call's deadline passed during {what}")))),
+        Err(_) => Err(host_error(Error::new(ErrorKind::Timeout, format!("the call's deadline passed during {}", what())))),
     }
+}
+
+/// The mirror of `bucket`, in sync, within the call's deadline.
+async fn mirror(ctx: &mut Ctx, bucket: &str) -> Result<std::sync::Arc<crate::mirror::Mirror>, types::HostError> {
+    bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await
 }
 
 fn entry(e: crate::mirror::Entry) -> types::Entry {
@@ -55,40 +65,33 @@ impl types::Host for Ctx {}
 
 impl store::Host for Ctx {
     async fn get(&mut self, bucket: String, key: String) -> R<Option<types::Entry>> {
-        let got = match bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await {
-            Ok(mirror) => mirror.get(&key).map_err(host_error),
-            Err(e) => Err(e),
-        };
+        let got = mirror(self, &bucket).await.and_then(|m| m.get(&key).map_err(host_error));
         Ok(got.map(|e| e.map(entry)))
     }
 
     async fn scan(&mut self, bucket: String, filter: String, after: Option<String>, limit: u32) -> R<store::Page> {
-        let page = match bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await {
-            Ok(mirror) => mirror.scan(&filter, after.as_deref(), limit).map_err(host_error),
-            Err(e) => Err(e),
-        };
+        let page = mirror(self, &bucket).await.and_then(|m| m.scan(&filter, after.as_deref(), limit).map_err(host_error));
         Ok(page.map(|p| store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision }))
     }
 
     async fn exists(&mut self, bucket: String) -> R<bool> {
-        let mirror = bounded(self.deadline, &format!("the wait for {bucket}'s mirror to be in sync"), self.backend.mirror(&bucket)).await;
-        Ok(mirror.map(|m| m.exists()))
+        Ok(mirror(self, &bucket).await.map(|m| m.exists()))
     }
 }
 
 impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
-        Ok(bounded(self.deadline, &format!("discovery of {service}"), self.backend.responders(&service)).await)
+        Ok(bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await)
     }
 }
 
 impl registry_writer::Host for Ctx {
     async fn put(&mut self, key: String, value: Vec<u8>, expected: u64) -> R<u64> {
-        Ok(bounded(self.deadline, "a registry write", self.backend.put_registry(&key, value, expected)).await)
+        Ok(bounded(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await)
     }
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
-        Ok(bounded(self.deadline, "a registry delete", self.backend.delete_registry(&key, expected)).await)
+        Ok(bounded(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await)
     }
 }
 
