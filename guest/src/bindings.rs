@@ -136,6 +136,20 @@ impl api::Guest for Component {
         let (rest, retry) = (r.rest.into_iter().map(change).collect(), r.retry.into_iter().map(change).collect());
         Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting, rest, retry })
     }
+
+    fn notice_inputs() -> Vec<String> {
+        crate::holders::inputs()
+    }
+
+    fn notices(events: Vec<api::ValueEvent>) -> Result<api::NoticeReport, types::HostError> {
+        use crate::holders::Event;
+        let events: Vec<Event> = events.into_iter().map(|e| Event { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect();
+        let (notices, rest) = crate::holders::notify(&Imports, &events).map_err(wit_error)?;
+        Ok(api::NoticeReport {
+            notices: notices.into_iter().map(|n| api::Notice { node: n.node, body: n.body }).collect(),
+            rest: rest.into_iter().map(|e| api::ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
+        })
+    }
 }
 
 export!(Component);

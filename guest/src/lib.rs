@@ -8,6 +8,7 @@
 
 pub mod env;
 pub mod escape;
+pub mod holders;
 pub mod keys;
 pub mod plan;
 pub mod provision;
@@ -33,4 +34,4 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[cfg(feature = "fixture-v2")]
 pub const VERSION: &str = "0.2.0-fixture";
 /// The WIT package this guest implements.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.2.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.3.0";

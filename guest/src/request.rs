@@ -27,6 +27,7 @@ pub enum What {
     Applied,
     Collect,
     Status,
+    Holders,
 }
 
 impl What {
@@ -37,6 +38,7 @@ impl What {
             What::Applied => "applied",
             What::Collect => "collect",
             What::Status => "status",
+            What::Holders => "holders",
         }
     }
 
@@ -49,6 +51,7 @@ impl What {
                 | (What::Applied, "node" | "module")
                 | (What::Collect, "node" | "module" | "collection")
                 | (What::Status, "node" | "module")
+                | (What::Holders, "node" | "kind" | "name")
         )
     }
 }
@@ -62,6 +65,8 @@ pub struct Query {
     pub kind: Option<String>,
     /// The decoded collection name.
     pub collection: Option<String>,
+    /// The decoded need name (`holders`).
+    pub name: Option<String>,
     pub limit: u32,
     pub after: Option<String>,
 }
@@ -146,17 +151,18 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "applied" => What::Applied,
             "collect" => What::Collect,
             "status" => What::Status,
+            "holders" => What::Holders,
             other => {
                 return Err(format!(
-                    "field `what` is {:?}; it is one of registry, needs, applied, collect, status",
+                    "field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders",
                     shorten(other)
                 ))
             }
         },
     };
-    let mut q = Query { what, node: None, module: None, kind: None, collection: None, limit: MAX_LIMIT, after: None };
+    let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None };
     for (field, v) in &fields {
-        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "limit" | "after") {
+        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "name" | "limit" | "after") {
             return Err(format!("unknown field {:?}", shorten(field)));
         }
         if !what.allows(field) {
@@ -173,9 +179,23 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
                 }
                 q.collection = Some(c);
             }
+            "name" => {
+                let n = string_field(field, v)?;
+                if let Some(p) = name_problem(&n) {
+                    return Err(format!("field `name` {p}"));
+                }
+                q.name = Some(n);
+            }
             "limit" => q.limit = limit(v)?,
             "after" => q.after = Some(after(v)?),
             _ => {}
+        }
+    }
+    if what == What::Holders {
+        for (field, given) in [("kind", q.kind.is_some()), ("name", q.name.is_some())] {
+            if !given {
+                return Err(format!("field `{field}` is required by what=holders (e.g. {{\"what\":\"holders\",\"kind\":\"bound\",\"name\":\"postgres.db\"}})"));
+            }
         }
     }
     Ok(q)

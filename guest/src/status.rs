@@ -79,6 +79,8 @@ pub struct NeedStatus {
     pub place: Place,
     pub check: Check,
     pub reason: String,
+    /// For a bucket answer: whether the module runs the value at its place now (SPEC §7.2).
+    pub generation: Option<crate::holders::Currency>,
 }
 
 /// A module's state (SPEC §7.1).
@@ -132,18 +134,18 @@ pub struct ModuleStatus {
 
 /// The applied record, as far as it can be read.
 #[derive(Debug, Default)]
-struct Applied {
-    build: Option<String>,
-    needs: Option<u64>,
-    at: Option<String>,
-    parts: Option<Vec<String>>,
+pub(crate) struct Applied {
+    pub build: Option<String>,
+    pub needs: Option<u64>,
+    pub at: Option<String>,
+    pub parts: Option<Vec<String>>,
     /// The revision applied of each value, by `<kind>:<name>`.
-    values: Option<std::collections::BTreeMap<String, u64>>,
+    pub values: Option<std::collections::BTreeMap<String, u64>>,
     /// Why the record cannot be read, if it cannot.
-    odd: Option<String>,
+    pub odd: Option<String>,
 }
 
-fn applied_record(value: &[u8]) -> Applied {
+pub(crate) fn applied_record(value: &[u8]) -> Applied {
     let v: Value = match serde_json::from_slice(value) {
         Ok(v @ Value::Object(_)) => v,
         _ => return Applied { odd: Some("the applied record is not a JSON object".into()), ..Applied::default() },
@@ -164,7 +166,7 @@ fn applied_record(value: &[u8]) -> Applied {
 
 /// Checks one need of `module` on `node` now; `applied` is the applied record's revisions, by
 /// `<kind>:<name>`.
-fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> (Place, Check, String) {
+pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> (Place, Check, String) {
     if let (Some(part), Some(parts)) = (&need.part, parts) {
         if !parts.iter().any(|p| p == part) {
             let why = format!("part {part} is not installed on {node} (the applied record lists {})", parts.join(", "));
@@ -277,7 +279,9 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
         .into_iter()
         .map(|(need, recorded, planned)| {
             let (place, check, reason) = check(env, node, module, &need, parts, values);
-            NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason }
+            let generation = matches!(place, Place::Bucket { .. })
+                .then(|| crate::holders::generation(&check, record.as_ref(), &format!("{}:{}", need.kind, need.name)).currency);
+            NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason, generation }
         })
         .collect();
     for why in unreadable {
@@ -290,6 +294,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
             place: Place::Nowhere,
             check: Check::Unanswered,
             reason: format!("the plan lists a need that cannot be read: {why}"),
+            generation: None,
         });
     }
 
@@ -356,7 +361,7 @@ fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>,
 }
 
 /// A node and a module.
-type Pair = (String, String);
+pub(crate) type Pair = (String, String);
 
 /// A page of modules: the `(node, module)` pairs after `after`, in key order of `<node>.<module>`.
 struct Modules {
@@ -365,26 +370,26 @@ struct Modules {
 }
 
 /// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
-fn pair_of(key: &str) -> Option<Pair> {
+pub(crate) fn pair_of(key: &str) -> Option<Pair> {
     let mut t = key.split('.');
     let (n, m) = (t.next()?, t.next()?);
     (is_identifier(n) && is_identifier(m)).then(|| (n.to_string(), m.to_string()))
 }
 
-fn join(p: &Pair) -> String {
+pub(crate) fn join(p: &Pair) -> String {
     format!("{}.{}", p.0, p.1)
 }
 
 /// The modules one source names: those read, and the last module up to which it is complete
 /// (`None`: read to its end).
-struct Source {
-    found: Vec<Pair>,
-    horizon: Option<String>,
+pub(crate) struct Source {
+    pub found: Vec<Pair>,
+    pub horizon: Option<String>,
 }
 
 /// Modules from a bucket keyed by `<node>.<module>` (assignments, applied): its key order is
 /// the page's order, so the first `limit + 1` after `after` are exactly its share.
-fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
+pub(crate) fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let page = env.scan(bucket, filter, after, limit + 1)?;
     let found: Vec<Pair> = page.entries.iter().filter_map(|e| parse_assignment(&e.key).ok().map(|k| (k.node, k.module))).collect();
     let horizon = page.more.then(|| page.entries.last().map(|e| e.key.clone())).flatten();
@@ -398,18 +403,18 @@ fn any(env: &dyn Env, bucket: &str, filter: &str) -> Result<bool, HostError> {
 
 /// A bucket whose keys start with a module's tokens: which keys, the module a key names, and
 /// whether a module has any key.
-struct Grouping<'a> {
-    bucket: &'a str,
-    filter: &'a str,
-    module_of: &'a dyn Fn(&str) -> Option<Pair>,
-    has: &'a dyn Fn(&Pair) -> Result<bool, HostError>,
+pub(crate) struct Grouping<'a> {
+    pub bucket: &'a str,
+    pub filter: &'a str,
+    pub module_of: &'a dyn Fn(&str) -> Option<Pair>,
+    pub has: &'a dyn Fn(&Pair) -> Result<bool, HostError>,
 }
 
 /// Modules from a bucket whose keys start with a module's `<prefix>` tokens (needs:
 /// `<node>.<module>.…`; a composition bucket: `<module>.…`). Its key order groups a module's keys
 /// by `<prefix>.`, which sorts `app-x` before `app` ('-' < '.'), unlike the page's order: so after
 /// reading, each module that extends a shorter one with `-` has that shorter one looked up too.
-fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
+pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let Grouping { bucket, filter, module_of, has } = g;
     let mut found: Vec<Pair> = Vec::new();
     let mut cursor = cursor.map(str::to_string);
@@ -590,16 +595,9 @@ pub fn render(out: &mut String, s: &ModuleStatus) {
             o.opt_str("part", n.part.as_deref());
             let source: Vec<&str> = [("recorded", n.recorded), ("planned", n.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
             o.with("source", |out| push_strs(out, &source));
-            match &n.place {
-                Place::Bucket { domain, bucket, place, filter } => {
-                    o.str("domain", domain).str("bucket", bucket).str(if *filter { "filter" } else { "key" }, place);
-                }
-                Place::Verb { domain, verb } => {
-                    o.str("domain", domain).str("verb", verb);
-                }
-                Place::Nowhere => {}
-            }
+            crate::holders::push_place(&mut o, &n.place);
             o.str("check", n.check.name());
+            o.opt_str("generation", n.generation.map(|g| g.name()));
             match n.check {
                 Check::Present { revision, applied } => {
                     o.raw("revision", &revision.to_string());

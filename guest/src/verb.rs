@@ -89,9 +89,10 @@ struct Scope {
 }
 
 impl Scope {
-    fn of(q: &Query) -> Scope {
+    /// The scope of a query of one bucket; `None` for `status` and `holders`, which are not.
+    fn of(q: &Query) -> Option<Scope> {
         let id = |s: &Option<String>| s.clone();
-        match q.what {
+        Some(match q.what {
             What::Registry => Scope { bucket: keys::REGISTRY, tokens: vec![id(&q.kind)] },
             What::Needs => Scope { bucket: keys::NEEDS, tokens: vec![id(&q.node), id(&q.module), id(&q.kind)] },
             What::Applied => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
@@ -99,9 +100,8 @@ impl Scope {
                 bucket: keys::COLLECT,
                 tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)],
             },
-            // Answered by `status`, never scoped here.
-            What::Status => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
-        }
+            What::Status | What::Holders => return None,
+        })
     }
 
     /// The scope as two disjoint parts that together cover it exactly: the keys with exactly as
@@ -125,10 +125,14 @@ enum Part {
 }
 
 fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostError> {
-    if q.what == What::Status {
-        return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget);
-    }
-    let scope = Scope::of(q);
+    let scope = match (q.what, Scope::of(q)) {
+        (_, Some(scope)) => scope,
+        (What::Holders, None) => {
+            let (kind, name) = (q.kind.as_deref().unwrap_or_default(), q.name.as_deref().unwrap_or_default());
+            return crate::holders::answer(env, kind, name, q.node.as_deref(), q.after.as_deref(), q.limit, budget);
+        }
+        (_, None) => return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget),
+    };
     let after = q.after.as_deref();
     let mut found: Vec<Entry> = Vec::new();
     let (mut more, mut revision) = (false, 0);
@@ -193,8 +197,8 @@ fn item(what: What, e: &Entry) -> Item {
             field(&mut s, "kind", &k.kind);
             field(&mut s, "name", &k.name);
         }),
-        // (`status` lists modules, rendered by `status`; never items of one bucket.)
-        What::Applied | What::Status => parse_applied(&e.key).map(|k| {
+        // (`status` and `holders` list modules; never items of one bucket.)
+        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(|k| {
             field(&mut s, "node", &k.node);
             field(&mut s, "module", &k.module);
         }),

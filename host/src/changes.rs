@@ -44,10 +44,7 @@ impl Changes {
     }
 
     fn matches(patterns: &[String], bucket: &str) -> bool {
-        patterns.iter().any(|p| match p.strip_suffix('*') {
-            Some(prefix) => bucket.starts_with(prefix),
-            None => p == bucket,
-        })
+        patterns.iter().any(|p| bucket_matches(p, bucket))
     }
 
     /// Records that `key` of `bucket` changed (`None`: maybe all of it), if plans depend on it.
@@ -100,6 +97,15 @@ impl Changes {
     }
 }
 
+/// Whether `bucket` is named by `pattern`: a name, or a name with one `*` standing for a
+/// non-empty part of it (`composed-*`, `*_bound`). Bucket names only, never keys.
+pub fn bucket_matches(pattern: &str, bucket: &str) -> bool {
+    match pattern.split_once('*') {
+        Some((prefix, suffix)) => bucket.len() > prefix.len() + suffix.len() && bucket.starts_with(prefix) && bucket.ends_with(suffix),
+        None => pattern == bucket,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +125,17 @@ mod tests {
         c.record("mesh-indexer_builds", Some("app"));
         assert_eq!(c.next_batch().await, vec![change("composed-alpha", Some("app.b7")), change("mesh-indexer_builds", None)]);
         assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn names_buckets_by_a_prefix_or_a_suffix() {
+        assert!(bucket_matches("composed-*", "composed-alpha"));
+        assert!(bucket_matches("*_bound", "postgres_bound"));
+        assert!(!bucket_matches("*_bound", "_bound"));
+        assert!(!bucket_matches("composed-*", "composed-"));
+        assert!(!bucket_matches("*_bound", "postgres_bound_x"));
+        assert!(bucket_matches("mesh-config_values", "mesh-config_values"));
+        assert!(!bucket_matches("mesh-config_values", "mesh-config_values2"));
     }
 
     #[test]

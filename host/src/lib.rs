@@ -18,6 +18,7 @@ pub mod kept;
 pub mod logging;
 pub mod mirror;
 pub mod nats;
+pub mod notices;
 pub mod plans;
 pub mod query;
 pub mod reconciler;
@@ -29,4 +30,4 @@ pub mod service;
 pub mod trust;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.2.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.3.0";

@@ -2,13 +2,17 @@
 //!
 //! A mirror is fed by whoever owns it (a JetStream watch with history, or a test) and answers
 //! `get` and `scan` from memory: a scan starts at the filter's literal prefix, so a narrowed
-//! query costs in proportion to its answer, not to the bucket. Matching a subject filter is NATS
-//! subject syntax, not a key shape: the host never parses what a key means.
+//! query costs in proportion to its answer, not to the bucket. A filter that starts with a
+//! wildcard but ends in a literal token (`*.*.bound.postgres=2Edb`: who holds a value) is
+//! answered from an index by last token instead, built the first time such a filter is asked
+//! and kept up to date from then on (a bucket never asked that way pays nothing for it).
+//! Matching a subject filter is NATS subject syntax, not a key shape: the host never parses what
+//! a key means.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -40,9 +44,19 @@ pub struct Page {
     pub revision: u64,
 }
 
+/// The keys of a mirror by their last subject token, in key order. The keys are shared with
+/// the mirror's map, so an indexed key costs a pointer and a tree slot, not a copy.
+type ByLast = HashMap<Box<str>, BTreeSet<Arc<str>>>;
+
+fn last_token(key: &str) -> &str {
+    key.rsplit('.').next().unwrap_or(key)
+}
+
 #[derive(Debug, Default)]
 struct State {
-    entries: BTreeMap<Box<str>, Stored>,
+    entries: BTreeMap<Arc<str>, Stored>,
+    /// Built on the first scan that needs it (see the module's doc), then kept.
+    by_last: Option<ByLast>,
     revision: u64,
     ready: bool,
     /// The bucket does not exist (the mirror is then empty).
@@ -76,14 +90,33 @@ impl Mirror {
     pub fn put(&self, key: &str, revision: u64, value: &[u8]) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
-        s.entries.insert(key.into(), Stored { revision, value: value.into() });
+        let stored = Stored { revision, value: value.into() };
+        if let Some(old) = s.entries.get_mut(key) {
+            *old = stored;
+            return;
+        }
+        let key: Arc<str> = key.into();
+        if let Some(index) = s.by_last.as_mut() {
+            index.entry(last_token(&key).into()).or_default().insert(key.clone());
+        }
+        s.entries.insert(key, stored);
     }
 
     /// Records a delete or purge seen at `revision`.
     pub fn delete(&self, key: &str, revision: u64) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
-        s.entries.remove(key);
+        if s.entries.remove(key).is_some() {
+            if let Some(index) = s.by_last.as_mut() {
+                let last = last_token(key);
+                if let Some(set) = index.get_mut(last) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        index.remove(last);
+                    }
+                }
+            }
+        }
     }
 
     /// Marks the mirror as in sync (history replayed) or not (watch lost).
@@ -100,6 +133,7 @@ impl Mirror {
         let mut s = self.write();
         if missing {
             s.entries.clear();
+            s.by_last = None;
         }
         s.missing = missing;
     }
@@ -113,6 +147,7 @@ impl Mirror {
     pub fn clear(&self) {
         let mut s = self.write();
         s.entries.clear();
+        s.by_last = None;
         s.ready = false;
     }
 
@@ -151,6 +186,10 @@ impl Mirror {
         let limit = limit.min(MAX_SCAN) as usize;
         let pattern: Vec<&str> = filter.split('.').collect();
         let prefix = literal_prefix(&pattern);
+        let last = pattern.last().copied().filter(|t| prefix.is_empty() && pattern.len() > 1 && *t != "*" && *t != ">");
+        if let Some(last) = last {
+            return Ok(self.scan_by_last(&pattern, last, after, limit));
+        }
         let s = self.read();
         let start = match after {
             Some(a) if a >= prefix.as_str() => Bound::Excluded(a),
@@ -174,6 +213,43 @@ impl Mirror {
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         Ok(page)
+    }
+
+    /// A scan of a filter that starts with a wildcard and ends in the literal `last`: only the
+    /// keys ending in `last` are looked at.
+    fn scan_by_last(&self, pattern: &[&str], last: &str, after: Option<&str>, limit: usize) -> Page {
+        if self.read().by_last.is_none() {
+            let mut s = self.write();
+            if s.by_last.is_none() {
+                let mut index = ByLast::new();
+                for key in s.entries.keys() {
+                    index.entry(last_token(key).into()).or_default().insert(key.clone());
+                }
+                s.by_last = Some(index);
+            }
+        }
+        let s = self.read();
+        let mut page = Page { revision: s.revision, ..Page::default() };
+        let Some(keys) = s.by_last.as_ref().and_then(|index| index.get(last)) else {
+            return page;
+        };
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut visited = 0;
+        for key in keys.range::<str, _>((start, Bound::Unbounded)) {
+            visited += 1;
+            if !matches(pattern, key) {
+                continue;
+            }
+            if page.entries.len() == limit {
+                page.more = true;
+                break;
+            }
+            if let Some(v) = s.entries.get(key) {
+                page.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
+            }
+        }
+        self.visited.fetch_add(visited, Ordering::Relaxed);
+        page
     }
 }
 
@@ -271,6 +347,31 @@ mod tests {
         let p = m.scan(">", None, 2).unwrap();
         assert_eq!((keys(&p), p.more, p.revision), (vec!["alpha.app", "alpha.app.a"], true, 5));
         assert_eq!(keys(&m.scan(">", Some("alpha.apx.a"), 10).unwrap()), ["beta.x.y"]);
+    }
+
+    #[test]
+    fn finds_keys_by_their_last_token_without_walking_the_rest() {
+        let m = mirror(&["alpha.app.bound.pg=2Edb", "beta.web.bound.pg=2Edb", "alpha.app.config.x", "gamma.db.bound.pg=2Edb", "pg=2Edb"]);
+        for i in 0..1000 {
+            m.put(&format!("n{i}.m.config.x"), 10 + i, b"");
+        }
+        let before = m.visited();
+        let p = m.scan("*.*.bound.pg=2Edb", None, 10).unwrap();
+        assert_eq!(keys(&p), ["alpha.app.bound.pg=2Edb", "beta.web.bound.pg=2Edb", "gamma.db.bound.pg=2Edb"]);
+        assert!(m.visited() - before <= 4, "visited {}", m.visited() - before);
+        // Paged, and kept up to date after it was built.
+        let p = m.scan("*.*.bound.pg=2Edb", None, 1).unwrap();
+        assert_eq!((keys(&p), p.more), (vec!["alpha.app.bound.pg=2Edb"], true));
+        m.delete("beta.web.bound.pg=2Edb", 2000);
+        m.put("delta.app.bound.pg=2Edb", 2001, b"v");
+        m.put("alpha.app.bound.pg=2Edb", 2002, b"new");
+        let p = m.scan("*.*.bound.pg=2Edb", Some("alpha.app.bound.pg=2Edb"), 10).unwrap();
+        assert_eq!(keys(&p), ["delta.app.bound.pg=2Edb", "gamma.db.bound.pg=2Edb"]);
+        assert_eq!(m.scan("*.*.bound.pg=2Edb", None, 1).unwrap().entries[0].value, b"new");
+        // Same answers as a walk of everything.
+        assert_eq!(keys(&m.scan("*.>", None, 10_000).unwrap()).iter().filter(|k| k.ends_with(".pg=2Edb")).count(), 3);
+        m.clear();
+        assert!(m.scan("*.*.bound.pg=2Edb", None, 10).unwrap().entries.is_empty());
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub struct NatsBackend {
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
     changes: Arc<Changes>,
+    events: Arc<crate::notices::Events>,
     kept: KeptPlans,
 }
 
@@ -76,6 +77,7 @@ impl NatsBackend {
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
+            events: Arc::new(crate::notices::Events::new()),
             kept,
         }))
     }
@@ -83,6 +85,11 @@ impl NatsBackend {
     /// The changes the mirrors have seen of the buckets plans depend on.
     pub fn changes(&self) -> &Arc<Changes> {
         &self.changes
+    }
+
+    /// The live changes of the buckets notices come from.
+    pub fn events(&self) -> &Arc<crate::notices::Events> {
+        &self.events
     }
 
     pub fn jetstream(&self) -> &jetstream::Context {
@@ -117,7 +124,13 @@ impl NatsBackend {
                     None => {
                         let m = Arc::new(Mirror::new());
                         map.insert(bucket.to_string(), m.clone());
-                        let follower = Follower { js: self.js.clone(), bucket: bucket.to_string(), mirror: m.clone(), changes: self.changes.clone() };
+                        let follower = Follower {
+                            js: self.js.clone(),
+                            bucket: bucket.to_string(),
+                            mirror: m.clone(),
+                            changes: self.changes.clone(),
+                            events: self.events.clone(),
+                        };
                         tokio::spawn(follower.run(self.resync.subscribe()));
                         m
                     }
@@ -245,6 +258,7 @@ struct Follower {
     bucket: String,
     mirror: Arc<Mirror>,
     changes: Arc<Changes>,
+    events: Arc<crate::notices::Events>,
 }
 
 impl Follower {
@@ -323,12 +337,20 @@ impl Follower {
                 Ok(e) => e,
                 Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
             };
-            match entry.operation {
-                kv::Operation::Put => mirror.put(&entry.key, entry.revision, &entry.value),
-                kv::Operation::Delete | kv::Operation::Purge => mirror.delete(&entry.key, entry.revision),
-            }
+            let deleted = match entry.operation {
+                kv::Operation::Put => {
+                    mirror.put(&entry.key, entry.revision, &entry.value);
+                    false
+                }
+                kv::Operation::Delete | kv::Operation::Purge => {
+                    mirror.delete(&entry.key, entry.revision);
+                    true
+                }
+            };
             if mirror.is_ready() {
+                // Live, not replayed: plans may move, and holders are told.
                 self.changes.record(bucket, Some(&entry.key));
+                self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
                 mirror.set_ready(true);
                 self.changes.record(bucket, None);

@@ -97,6 +97,18 @@ pub async fn run(args: Serve) -> Result<()> {
     let seat_task = tokio::spawn(seat.clone().run());
     let (reconciler, reconciling) = Reconciler::start(current.clone(), backend.clone(), seat.clone(), limits);
     let plans = tokio::spawn(crate::plans::follow(current.clone(), backend.clone(), nats.changes().clone(), limits));
+    let notices = tokio::spawn(
+        crate::notices::Notifier {
+            client: client.clone(),
+            js: nats.jetstream().clone(),
+            backend: backend.clone(),
+            current: current.clone(),
+            events: nats.events().clone(),
+            seat: seat.clone(),
+            limits,
+        }
+        .run(),
+    );
 
     let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
@@ -191,6 +203,7 @@ pub async fn run(args: Serve) -> Result<()> {
     };
     watcher.abort();
     plans.abort();
+    notices.abort();
     ticker.abort();
     reconciling.abort();
     reconnects.abort();

@@ -287,6 +287,30 @@ pub struct Change {
     pub key: Option<String>,
 }
 
+/// A live put or delete in a bucket notices come from (the WIT `value-event`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueEvent {
+    pub bucket: String,
+    pub key: String,
+    pub revision: u64,
+    pub deleted: bool,
+}
+
+/// A notice to publish on `mesh-provisioner.notice.<node>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub node: String,
+    pub body: Vec<u8>,
+}
+
+/// What one call of `notices` decided (the WIT `notice-report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NoticeReport {
+    pub notices: Vec<Notice>,
+    /// Events the guest left for another call.
+    pub rest: Vec<ValueEvent>,
+}
+
 /// A compiled, linked component, ready to instantiate.
 #[derive(Clone)]
 pub struct Guest {
@@ -438,6 +462,35 @@ impl Guest {
                 waiting: r.waiting,
                 rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
                 retry: r.retry.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
+            })
+            .map_err(|e| format!("{e:?}")))
+    }
+
+    /// The buckets notices come from (names, or one `*` in a name).
+    pub async fn notice_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = match inst.api.mesh_provisioner_api().call_notice_inputs(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        self.checkin(inst);
+        Ok(r)
+    }
+
+    /// The notices `events` send; the inner error is a store failure as the guest reported it.
+    pub async fn notices(&self, backend: Arc<dyn Backend>, limits: Limits, events: &[ValueEvent]) -> Result<Result<NoticeReport, String>> {
+        let events: Vec<api::ValueEvent> =
+            events.iter().map(|e| api::ValueEvent { bucket: e.bucket.clone(), key: e.key.clone(), revision: e.revision, deleted: e.deleted }).collect();
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = match inst.api.mesh_provisioner_api().call_notices(&mut inst.store, &events).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        self.checkin(inst);
+        Ok(r
+            .map(|r| NoticeReport {
+                notices: r.notices.into_iter().map(|n| Notice { node: n.node, body: n.body }).collect(),
+                rest: r.rest.into_iter().map(|e| ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
             })
             .map_err(|e| format!("{e:?}")))
     }

@@ -1,0 +1,366 @@
+//! Who holds a value (SPEC §7.2): `what: "holders"`, and the notices that tell each holder its
+//! value changed.
+//!
+//! A holder of `<kind>:<name>` is a module that needs it: recorded (a needs key
+//! `<node>.<module>.<kind>.<name>`) or planned (its current plan lists it). Recorded holders are
+//! found with one subject filter, `*.*.<kind>.<name>`, which the host's mirror answers from its
+//! index by last token: the cost follows the holders, not the needs bucket. Modules that only
+//! plan the value are found among the assigned modules of the page's range. Each holder is
+//! checked where the registry places its value now, against the revision its applied record
+//! names (`values`): `current`, `stale`, `never_applied` or `unknown` — never `current` when the
+//! record cannot say.
+//!
+//! Notices: for each put or delete the host saw in an answering bucket (while it holds the
+//! seat), the holders whose place it is get one notice each; the host publishes them on
+//! `mesh-provisioner.notice.<node>`.
+
+use std::collections::BTreeMap;
+
+use crate::env::{Env, HostError};
+use crate::escape::{encode, is_identifier, shorten};
+use crate::keys::{parse_need, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::plan;
+use crate::provision::{self, Need};
+use crate::registry::{self, Answer};
+use crate::status::{self, applied_record, grouped, join, keyed_by_pair, pair_of, Applied, Check, Grouping, Pair, Place};
+use crate::value::{push_str, Obj};
+use crate::verb::{Code, Reply};
+
+/// Most modules one page looks at (each costs its plan and a check).
+pub const MAX_MODULES: u32 = 1000;
+
+/// Whether a holder runs what is at its place now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Currency {
+    Current,
+    Stale,
+    NeverApplied,
+    Unknown,
+}
+
+impl Currency {
+    pub fn name(self) -> &'static str {
+        match self {
+            Currency::Current => "current",
+            Currency::Stale => "stale",
+            Currency::NeverApplied => "never_applied",
+            Currency::Unknown => "unknown",
+        }
+    }
+}
+
+/// A holder's currency: what it applied (`applied`), what is at its place now (`now`), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub currency: Currency,
+    pub applied: Option<u64>,
+    pub now: Option<u64>,
+    pub reason: String,
+}
+
+/// Compares what the holder applied (its applied record, if any) with what a check found at
+/// the need's place now. `value` is `<kind>:<name>`.
+pub(crate) fn generation(check: &Check, record: Option<&Applied>, value: &str) -> Generation {
+    let now = match check {
+        Check::Present { revision, .. } | Check::Stale { revision, .. } => Some(*revision),
+        Check::Collected { items, revision } if *items > 0 => Some(*revision),
+        _ => None,
+    };
+    let g = |currency, applied, reason: String| Generation { currency, applied, now, reason };
+    let Some(record) = record else {
+        return g(Currency::NeverApplied, None, format!("no applied record: {value} was never applied here"));
+    };
+    let applied = record.values.as_ref().and_then(|v| v.get(value)).copied();
+    let not_named = || match &record.values {
+        None => "the applied record has no `values`: which revision was applied cannot be said".to_string(),
+        Some(_) => format!("the applied record's `values` names no revision of {value}"),
+    };
+    match (check, now, applied) {
+        (Check::Answered { .. }, ..) => g(Currency::Unknown, None, "a verb answers it: there is no revision to compare".into()),
+        (Check::NoProvider | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
+            g(Currency::Unknown, applied, format!("its place cannot be read now ({})", check.name()))
+        }
+        (_, Some(_), None) | (_, None, None) => g(Currency::Unknown, None, not_named()),
+        (_, None, Some(a)) => g(Currency::Stale, Some(a), format!("revision {a} was applied; no value is at its place now")),
+        (_, Some(r), Some(a)) if a == r => g(Currency::Current, Some(a), format!("runs revision {r}, the one at its place")),
+        (_, Some(r), Some(a)) if a < r => g(Currency::Stale, Some(a), format!("runs revision {a}; revision {r} is at its place now")),
+        (_, Some(r), Some(a)) => g(Currency::Unknown, Some(a), format!("the applied record names revision {a}, newer than revision {r} at its place")),
+    }
+}
+
+/// One holder, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub node: String,
+    pub module: String,
+    pub recorded: bool,
+    pub planned: bool,
+    pub place: Place,
+    pub generation: Generation,
+}
+
+/// The kind and name of the needs a plan lists, when readable.
+fn planned_needs(p: &plan::Plan) -> Vec<Need> {
+    let body = p.entries.first().and_then(|e| e.plan.as_ref()).map(|(_, b)| b.needs.as_slice()).unwrap_or_default();
+    body.iter().filter_map(|raw| provision::need(raw).ok()).collect()
+}
+
+/// Checks `module` on `node` as a holder of `kind:name`; `None` when it does not hold it (not
+/// recorded, not planned, or of a part not installed there).
+fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recorded: bool) -> Result<Option<Holder>, HostError> {
+    let planned_part = planned_needs(&plan::compute(env, node, module, false)?).into_iter().find(|n| n.kind == kind && n.name == name).map(|n| n.part);
+    let planned = planned_part.is_some();
+    if !recorded && !planned {
+        return Ok(None);
+    }
+    let part = match (recorded, planned_part) {
+        (true, _) => env
+            .get(NEEDS, &format!("{node}.{module}.{kind}.{}", encode(name)))?
+            .and_then(|e| serde_json::from_slice::<serde_json::Value>(&e.value).ok())
+            .and_then(|v| v.get("part").and_then(|p| p.as_str()).map(str::to_string)),
+        (false, p) => p.flatten(),
+    };
+    let record = env.get(APPLIED, &format!("{node}.{module}"))?.map(|e| applied_record(&e.value));
+    let need = Need { kind: kind.into(), name: name.into(), part };
+    let (place, check, _) = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()));
+    if check == Check::NotInstalled {
+        return Ok(None);
+    }
+    let generation = generation(&check, record.as_ref(), &format!("{kind}:{name}"));
+    Ok(Some(Holder { node: node.into(), module: module.into(), recorded, planned, place, generation }))
+}
+
+/// A page of holders: those found, whether more modules follow, and the last module looked at.
+pub struct Holders {
+    pub holders: Vec<Holder>,
+    pub last: Option<String>,
+    pub more: bool,
+}
+
+/// The holders of `kind:name` among the modules after `after` (`<node>.<module>`), at most
+/// `limit` modules looked at.
+pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Option<&str>, limit: u32) -> Result<Holders, HostError> {
+    let limit = limit.clamp(1, MAX_MODULES);
+    let suffix = format!("{kind}.{}", encode(name));
+    let nodes = node.unwrap_or("*");
+    let module_of = |key: &str| pair_of(key);
+    let has = |p: &Pair| Ok(env.get(NEEDS, &format!("{}.{suffix}", join(p)))?.is_some());
+    let filter = format!("{nodes}.*.{suffix}");
+    let recorded = grouped(env, &Grouping { bucket: NEEDS, filter: &filter, module_of: &module_of, has: &has }, after, after, limit)?;
+    let assigned = keyed_by_pair(env, ASSIGNMENTS, &format!("{nodes}.*"), after, limit)?;
+    let horizon = [&recorded.horizon, &assigned.horizon].into_iter().flatten().min().cloned();
+    let mut pairs: Vec<(Pair, bool)> = recorded.found.iter().map(|p| (p.clone(), true)).collect();
+    pairs.extend(assigned.found.into_iter().filter(|p| !recorded.found.contains(p)).map(|p| (p, false)));
+    pairs.sort_by_key(|(p, _)| join(p));
+    pairs.retain(|(p, _)| after.is_none_or(|a| join(p).as_str() > a) && horizon.as_ref().is_none_or(|h| join(p) <= *h));
+    let mut more = horizon.is_some();
+    if pairs.len() > limit as usize {
+        pairs.truncate(limit as usize);
+        more = true;
+    }
+    let mut holders = Vec::new();
+    for ((n, m), rec) in &pairs {
+        holders.extend(holder(env, n, m, kind, name, *rec)?);
+    }
+    Ok(Holders { holders, last: pairs.last().map(|(p, _)| join(p)), more })
+}
+
+/// Answers `what: "holders"`: one page, cut by `limit` modules and by the reply's byte budget.
+/// `all_current` speaks for the holders of this page; a reply with `next` has more to follow
+/// (the CLI follows every page and says all current only when each page does).
+pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
+    let page = find(env, kind, name, node, after, limit)?;
+    let mut list = String::new();
+    let (mut last, mut cut, mut all_current, mut count) = (None::<String>, false, true, 0usize);
+    let head = 160 + kind.len() + name.len() * 6;
+    for h in &page.holders {
+        let mut item = String::new();
+        render(&mut item, h);
+        let key = format!("{}.{}", h.node, h.module);
+        if head + list.len() + item.len() + key.len() + 16 > budget {
+            if last.is_none() {
+                return Ok(Reply::error(Code::Internal, &format!("the holder {} cannot fit a reply of {budget} bytes", shorten(&key))));
+            }
+            cut = true;
+            break;
+        }
+        if !list.is_empty() {
+            list.push(',');
+        }
+        list.push_str(&item);
+        all_current &= h.generation.currency == Currency::Current;
+        count += 1;
+        last = Some(key);
+    }
+    // Past a cut, the page ends at the last holder listed; otherwise at the last module looked at.
+    let next = if cut { last } else if page.more { page.last.clone() } else { None };
+    let mut body = String::with_capacity(list.len() + head);
+    let mut o = Obj::new(&mut body);
+    o.str("what", "holders").str("kind", kind).str("name", name);
+    o.raw("holders", &format!("[{list}]")).raw("count", &count.to_string()).raw("all_current", if all_current { "true" } else { "false" });
+    if let Some(n) = &next {
+        o.with("next", |out| push_str(out, n));
+    }
+    o.end();
+    Ok(Reply { code: Code::Ok, body: body.into_bytes() })
+}
+
+fn render(out: &mut String, h: &Holder) {
+    let mut o = Obj::new(out);
+    o.str("node", &h.node).str("module", &h.module);
+    let source: Vec<&str> = [("recorded", h.recorded), ("planned", h.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
+    o.with("source", |out| crate::value::push_strs(out, &source));
+    push_place(&mut o, &h.place);
+    let g = &h.generation;
+    o.str("state", g.currency.name());
+    o.raw("applied_revision", &g.applied.map_or("null".into(), |r| r.to_string()));
+    o.raw("revision", &g.now.map_or("null".into(), |r| r.to_string()));
+    o.str("reason", &g.reason);
+    o.end();
+}
+
+/// The place's fields: `domain` and `bucket` + `key` (or `filter`), or `verb`.
+pub(crate) fn push_place(o: &mut Obj, place: &Place) {
+    match place {
+        Place::Bucket { domain, bucket, place, filter } => {
+            o.str("domain", domain).str("bucket", bucket).str(if *filter { "filter" } else { "key" }, place);
+        }
+        Place::Verb { domain, verb } => {
+            o.str("domain", domain).str("verb", verb);
+        }
+        Place::Nowhere => {}
+    }
+}
+
+/// A put or delete the host saw in a bucket that answers needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub bucket: String,
+    pub key: String,
+    pub revision: u64,
+    pub deleted: bool,
+}
+
+/// One notice for the host to publish on `mesh-provisioner.notice.<node>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub node: String,
+    pub body: Vec<u8>,
+}
+
+/// The buckets whose changes can concern a holder: every bucket the registry answers from, a
+/// `*` standing for a provider's name. The host follows them while it holds the seat.
+pub fn inputs() -> Vec<String> {
+    let mut out: Vec<String> = registry::table()
+        .iter()
+        .filter_map(|d| match &d.answer {
+            Answer::Bucket { bucket, .. } => Some(bucket.replace("<provider>", "*")),
+            Answer::Verb(_) => None,
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether the NATS subject `filter` matches `key`.
+fn matches(filter: &str, key: &str) -> bool {
+    let (mut f, mut k) = (filter.split('.'), key.split('.'));
+    loop {
+        match (f.next(), k.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The notices one event sends: one per module whose need (recorded or planned) is placed at
+/// the event's key, whatever kinds answer from that bucket.
+pub fn notices(env: &dyn Env, event: &Event) -> Result<Vec<Notice>, HostError> {
+    // Every bucket place begins `<node>.`: the node is the key's first token, and a place per
+    // module continues `<module>.`.
+    let mut tokens = event.key.split('.');
+    let (Some(node), second) = (tokens.next(), tokens.next()) else { return Ok(vec![]) };
+    if !is_identifier(node) {
+        return Ok(vec![]);
+    }
+    // The kinds answered from this bucket, each with whether its place is per module.
+    let kinds: Vec<(&str, bool)> = registry::table()
+        .iter()
+        .filter_map(|d| match &d.answer {
+            Answer::Bucket { bucket, key, .. } => {
+                let here = match bucket.strip_prefix("<provider>") {
+                    Some(suffix) => event.bucket.strip_suffix(suffix).is_some_and(is_identifier),
+                    None => *bucket == event.bucket,
+                };
+                here.then_some((d.kind, key.contains("<module>")))
+            }
+            Answer::Verb(_) => None,
+        })
+        .collect();
+    // Candidate modules: the key's module for a place per module, the node's modules that record
+    // a need of the kind for a collection (its readers).
+    let module = second.filter(|m| is_identifier(m));
+    let mut candidates: BTreeMap<Pair, Vec<Need>> = BTreeMap::new();
+    for (kind, per_module) in &kinds {
+        let filter = match (per_module, module) {
+            (true, Some(m)) => format!("{node}.{m}.{kind}.*"),
+            (true, None) => continue,
+            (false, _) => format!("{node}.*.{kind}.*"),
+        };
+        for e in crate::reconcile::scan_all(env, NEEDS, &filter)? {
+            if let Ok(k) = parse_need(&e.key) {
+                candidates.entry((k.node, k.module)).or_default().push(Need { kind: k.kind, name: k.name, part: None });
+            }
+        }
+    }
+    if let Some(m) = module.filter(|_| kinds.iter().any(|(_, per_module)| *per_module)) {
+        candidates.entry((node.to_string(), m.to_string())).or_default();
+    }
+    let mut out = Vec::new();
+    for ((n, m), mut needs) in candidates {
+        if module == Some(m.as_str()) {
+            let p = plan::compute(env, &n, &m, false)?;
+            needs.extend(planned_needs(&p).into_iter().filter(|x| kinds.iter().any(|(k, _)| *k == x.kind)));
+        }
+        needs.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+        needs.dedup_by(|a, b| a.kind == b.kind && a.name == b.name);
+        for need in needs {
+            let provision::Resolved::Bucket { bucket, place, wild, .. } = provision::resolve(&n, &m, &need) else { continue };
+            if bucket != event.bucket || !(place == event.key || wild && matches(&place, &event.key)) {
+                continue;
+            }
+            let mut body = String::new();
+            let mut o = Obj::new(&mut body);
+            o.str("node", &n).str("module", &m).str("kind", &need.kind).str("name", &need.name);
+            o.with("place", |out| {
+                let mut p = Obj::new(out);
+                p.str("bucket", &bucket).str("key", &event.key);
+                p.end();
+            });
+            o.raw("revision", &event.revision.to_string());
+            if event.deleted {
+                o.raw("deleted", "true");
+            }
+            o.end();
+            out.push(Notice { node: n.clone(), body: body.into_bytes() });
+        }
+    }
+    Ok(out)
+}
+
+/// Most events one call handles; the rest go back to the host.
+pub const MAX_EVENTS: usize = 2000;
+
+/// The notices of a slice of `events`, and the events left for another call.
+pub fn notify(env: &dyn Env, events: &[Event]) -> Result<(Vec<Notice>, Vec<Event>), HostError> {
+    let (now, rest) = events.split_at(events.len().min(MAX_EVENTS));
+    let mut out = Vec::new();
+    for e in now {
+        out.extend(notices(env, e)?);
+    }
+    Ok((out, rest.to_vec()))
+}

@@ -1,0 +1,285 @@
+//! Notices (SPEC §7.2): telling each holder of a value that its place changed.
+//!
+//! The guest names the buckets whose values answer needs (`notice-inputs`) and decides who is
+//! told of each change (`notices`); the host follows those buckets, records each live put or
+//! delete in them — only while this instance holds the seat, never from a mirror's replay at
+//! start or after a reconnect — and publishes the guest's notices on
+//! `mesh-provisioner.notice.<node>` (core NATS: a hint, at most once; the status is the truth).
+//! Waiting events are a bounded map from key to its newest revision, so a burst of writes to one
+//! key is one notice, and a flood past [`MAX_PENDING`] keys is dropped with a warning rather
+//! than held.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use crate::backend::Backend;
+use crate::changes::bucket_matches;
+use crate::current::Current;
+use crate::runtime::{Limits, ValueEvent};
+use crate::seat::Seat;
+
+/// The subject a node's notices are published on, before the node's name.
+pub const NOTICE_PREFIX: &str = "mesh-provisioner.notice.";
+/// Most keys waiting for their notices; past it new events are dropped (counted and logged).
+pub const MAX_PENDING: usize = 100_000;
+/// How often buckets named by a pattern (`*_bound`) are looked for on the bus.
+const LIST_EVERY: Duration = Duration::from_secs(10);
+/// Changes arriving this soon after the first are taken together.
+const SETTLE: Duration = Duration::from_millis(20);
+/// A call handles many events; it gets more time than a verb call.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Pending {
+    patterns: Vec<String>,
+    events: BTreeMap<(String, String), (u64, bool)>,
+}
+
+/// Live puts and deletes of the buckets the guest named, waiting for their notices.
+#[derive(Default)]
+pub struct Events {
+    pending: Mutex<Pending>,
+    notify: Notify,
+    /// Recording only while this instance holds the seat.
+    open: AtomicBool,
+    dropped: AtomicU64,
+}
+
+impl Events {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_patterns(&self, patterns: Vec<String>) {
+        self.lock().patterns = patterns;
+    }
+
+    pub fn patterns(&self) -> Vec<String> {
+        self.lock().patterns.clone()
+    }
+
+    /// Starts (holding the seat) or stops recording; stopping forgets what waits.
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+        if !open {
+            self.lock().events.clear();
+        }
+    }
+
+    /// Records a live put (or delete) of `key` in `bucket` at `revision`, if notices follow it.
+    pub fn record(&self, bucket: &str, key: &str, revision: u64, deleted: bool) {
+        if !self.open.load(Ordering::Acquire) {
+            return;
+        }
+        let mut p = self.lock();
+        if !p.patterns.iter().any(|pat| bucket_matches(pat, bucket)) {
+            return;
+        }
+        let at = (bucket.to_string(), key.to_string());
+        if p.events.len() >= MAX_PENDING && !p.events.contains_key(&at) {
+            drop(p);
+            if self.dropped.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {
+                tracing::warn!(bucket, "{MAX_PENDING} changes already wait for their notices: dropping (holders still read `stale` in status)");
+            }
+            return;
+        }
+        p.events.insert(at, (revision, deleted));
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// Takes every event waiting, in key order.
+    pub fn take(&self) -> Vec<ValueEvent> {
+        std::mem::take(&mut self.lock().events)
+            .into_iter()
+            .map(|((bucket, key), (revision, deleted))| ValueEvent { bucket, key, revision, deleted })
+            .collect()
+    }
+
+    /// Events dropped because too many waited.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    async fn next(&self) {
+        loop {
+            if !self.lock().events.is_empty() {
+                return;
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// The subject for `node`'s notices, if `node` is one subject token.
+pub fn subject(node: &str) -> Option<String> {
+    let ok = !node.is_empty() && node.len() <= 256 && node.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'.' | b'*' | b'>'));
+    ok.then(|| format!("{NOTICE_PREFIX}{node}"))
+}
+
+/// Who follows and publishes: the bus client, the backend (for mirrors), the seat.
+pub struct Notifier {
+    pub client: async_nats::Client,
+    pub js: async_nats::jetstream::Context,
+    pub backend: Arc<dyn Backend>,
+    pub current: Arc<Current>,
+    pub events: Arc<Events>,
+    pub seat: Arc<Seat>,
+    pub limits: Limits,
+}
+
+impl Notifier {
+    /// Follows the guest's notice inputs and publishes notices while the seat is held.
+    pub async fn run(self) {
+        let limits = Limits { deadline: self.limits.deadline.max(DEADLINE), ..self.limits };
+        let (mut swapped, mut held) = (self.current.subscribe(), self.seat.subscribe());
+        let mut following = String::new();
+        let mut list = tokio::time::interval(LIST_EVERY);
+        let mut published = 0u64;
+        loop {
+            let loaded = self.current.get();
+            if loaded.guest.digest() != following {
+                match loaded.guest.notice_inputs(self.backend.clone(), limits).await {
+                    Ok(inputs) => {
+                        tracing::info!(?inputs, "following the buckets notices come from");
+                        self.events.set_patterns(inputs);
+                        following = loaded.guest.digest().to_string();
+                        list.reset_immediately();
+                    }
+                    Err(e) => {
+                        tracing::warn!("the guest did not say which buckets notices come from: {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                }
+            }
+            self.events.set_open(self.seat.is_held());
+            tokio::select! {
+                _ = self.events.next() => {}
+                _ = list.tick() => {
+                    self.mirror_inputs().await;
+                    continue;
+                }
+                _ = held.changed() => continue,
+                _ = swapped.changed() => continue,
+            }
+            tokio::time::sleep(SETTLE).await;
+            let mut batch = self.events.take();
+            while !batch.is_empty() && self.seat.is_held() {
+                let report = match loaded.guest.notices(self.backend.clone(), limits, &batch).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => {
+                        tracing::warn!(events = batch.len(), "deciding notices failed: {e}; these changes send none");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(events = batch.len(), "the guest failed deciding notices: {e}; these changes send none");
+                        break;
+                    }
+                };
+                for n in &report.notices {
+                    // Checked again for each: a holder that lost the seat sends nothing more.
+                    if !self.seat.is_held() {
+                        break;
+                    }
+                    let Some(subject) = subject(&n.node) else {
+                        tracing::warn!(node = n.node, "the guest named a node that is not a subject token: no notice sent");
+                        continue;
+                    };
+                    match self.client.publish(subject, n.body.clone().into()).await {
+                        Ok(()) => published += 1,
+                        Err(e) => tracing::warn!(node = n.node, "publishing a notice failed: {e}"),
+                    }
+                }
+                if !report.notices.is_empty() {
+                    let _ = self.client.flush().await;
+                    tracing::info!(events = batch.len() - report.rest.len(), notices = report.notices.len(), published, "notices published");
+                }
+                batch = report.rest;
+            }
+        }
+    }
+
+    /// Mirrors every bucket the notice inputs name: the names at once, and for a pattern each
+    /// bucket on the bus it matches (a provider installed later is found within [`LIST_EVERY`]).
+    async fn mirror_inputs(&self) {
+        let patterns = self.events.patterns();
+        let mut buckets: Vec<String> = patterns.iter().filter(|p| !p.contains('*')).cloned().collect();
+        if patterns.iter().any(|p| p.contains('*')) {
+            let mut names = self.js.stream_names();
+            while let Some(name) = names.next().await {
+                match name {
+                    Ok(stream) => {
+                        if let Some(bucket) = stream.strip_prefix("KV_") {
+                            if patterns.iter().any(|p| p.contains('*') && bucket_matches(p, bucket)) {
+                                buckets.push(bucket.to_string());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!("listing the buckets notices may come from: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        for b in buckets {
+            if let Err(e) = self.backend.mirror(&b).await {
+                tracing::debug!(bucket = b, "not mirrored for notices yet: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_only_while_open_and_only_named_buckets() {
+        let e = Events::new();
+        e.set_patterns(vec!["*_bound".into(), "mesh-config_values".into()]);
+        e.record("postgres_bound", "alpha.app.db", 5, false);
+        assert!(e.take().is_empty(), "a closed recorder (a standby) records nothing");
+        e.set_open(true);
+        e.record("postgres_bound", "alpha.app.db", 6, false);
+        e.record("postgres_bound", "alpha.app.db", 7, true);
+        e.record("mesh-provisioner_needs", "alpha.app.bound.x", 8, false);
+        e.record("mesh-config_values", "beta.web.url", 9, false);
+        let got = e.take();
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].key.as_str(), got[0].revision, got[0].deleted), ("beta.web.url", 9, false));
+        assert_eq!((got[1].key.as_str(), got[1].revision, got[1].deleted), ("alpha.app.db", 7, true));
+        e.record("postgres_bound", "alpha.app.db", 10, false);
+        e.set_open(false);
+        assert!(e.take().is_empty(), "losing the seat forgets what waited");
+    }
+
+    #[test]
+    fn holds_a_bounded_number_of_keys() {
+        let e = Events::new();
+        e.set_patterns(vec!["b".into()]);
+        e.set_open(true);
+        for i in 0..MAX_PENDING + 10 {
+            e.record("b", &format!("k{i}"), i as u64, false);
+        }
+        assert_eq!((e.take().len(), e.dropped()), (MAX_PENDING, 10));
+    }
+
+    #[test]
+    fn publishes_only_to_a_node_token() {
+        assert_eq!(subject("alpha").as_deref(), Some("mesh-provisioner.notice.alpha"));
+        for bad in ["", "a.b", "*", ">", "a b", "é"] {
+            assert_eq!(subject(bad), None, "{bad:?}");
+        }
+    }
+}
