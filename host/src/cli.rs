@@ -138,6 +138,9 @@ pub enum What {
     Plan,
     /// Every module's state and reason (`--needs`: each need's check, made now).
     Status,
+    /// Who holds a value (`--kind` and `--name`), and whether each runs the one at its place
+    /// now; every page is read, and the exit code is 3 unless every holder is current.
+    Holders,
 }
 
 #[derive(Args, Debug)]
@@ -154,6 +157,9 @@ pub struct Query {
     /// A collection, by its name (e.g. shell:zsh:normal).
     #[arg(long)]
     pub collection: Option<String>,
+    /// With `holders`: the need's name, decoded (e.g. postgres.db).
+    #[arg(long)]
+    pub name: Option<String>,
     #[arg(long)]
     pub limit: Option<u64>,
     #[arg(long)]

@@ -24,6 +24,8 @@ pub enum ErrorKind {
     Config,
     /// Stored data could not be read back as written (a damaged kept-plan file).
     Corrupt,
+    /// Not every holder of a value runs the one at its place yet (`query holders`).
+    NotCurrent,
 }
 
 /// A host failure: a kind and what happened.

@@ -25,6 +25,8 @@ async fn main() -> std::process::ExitCode {
             eprintln!("mesh-provisioner: {e}");
             std::process::ExitCode::from(match e.kind() {
                 mesh_provisioner::error::ErrorKind::Invalid => 2,
+                // A rotation script waits on this one: `until … query holders …; do sleep 5; done`.
+                mesh_provisioner::error::ErrorKind::NotCurrent => 3,
                 _ => 1,
             })
         }

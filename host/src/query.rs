@@ -43,8 +43,9 @@ fn request(q: &Query) -> (&'static str, Value) {
         What::Collect => (PROVISIONING, json!({ "what": "collect" })),
         What::Plan => (PLAN, json!({})),
         What::Status => (PROVISIONING, json!({ "what": "status" })),
+        What::Holders => (PROVISIONING, json!({ "what": "holders" })),
     };
-    for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("after", &q.after)] {
+    for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("name", &q.name), ("after", &q.after)] {
         if let Some(v) = value {
             body[field] = json!(v);
         }
@@ -63,6 +64,8 @@ fn show(q: &Query, verb: &str, reply: &Value, colour: bool) -> String {
         plan_table(reply)
     } else if q.what == What::Status {
         status_table(reply, q.needs, colour)
+    } else if q.what == What::Holders {
+        holders_table(reply)
     } else {
         table(reply)
     }
@@ -81,6 +84,9 @@ pub async fn run(q: Query) -> Result<()> {
     }
     let (verb, mut body) = request(&q);
     let colour = colour();
+    if q.what == What::Holders {
+        return holders(&client, &q, body).await;
+    }
     loop {
         let reply = ask(&client, verb, &body, q.timeout).await?;
         print!("{}", show(&q, verb, &reply, colour));
@@ -95,6 +101,46 @@ pub async fn run(q: Query) -> Result<()> {
             None => return Ok(()),
         }
     }
+}
+
+/// Every page of a value's holders, shown; `Err` of kind [`ErrorKind::NotCurrent`] unless every
+/// page says all current, so a rotation script can wait on the exit code.
+async fn holders(client: &async_nats::Client, q: &Query, mut body: Value) -> Result<()> {
+    let (mut all_current, mut count) = (true, 0u64);
+    loop {
+        let reply = ask(client, PROVISIONING, &body, q.timeout).await?;
+        print!("{}", show(q, PROVISIONING, &reply, false));
+        all_current &= reply["all_current"] == true;
+        count += reply["count"].as_u64().unwrap_or(0);
+        match reply.get("next") {
+            Some(next) => body["after"] = next.clone(),
+            None => break,
+        }
+    }
+    let value = format!("{}:{}", q.kind.as_deref().unwrap_or(""), q.name.as_deref().unwrap_or(""));
+    if all_current {
+        if !q.json {
+            println!("all {count} holder(s) of {value} run the value at their place");
+        }
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::NotCurrent, format!("not every holder of {value} runs the value at its place yet ({count} holder(s))")))
+    }
+}
+
+/// A value's holders, one row each.
+pub fn holders_table(reply: &Value) -> String {
+    let text = |v: &Value| v.as_str().map_or_else(|| if v.is_null() { "-".to_string() } else { v.to_string() }, str::to_string);
+    let mut rows = vec![vec!["NODE".to_string(), "MODULE".into(), "STATE".into(), "APPLIED".into(), "NOW".into(), "PLACE".into(), "REASON".into()]];
+    for h in reply["holders"].as_array().into_iter().flatten() {
+        let place = match (h["verb"].as_str(), h["bucket"].as_str()) {
+            (Some(v), _) => format!("verb {v}"),
+            (None, Some(b)) => format!("{b} {}", h["key"].as_str().or(h["filter"].as_str()).unwrap_or("")),
+            _ => String::new(),
+        };
+        rows.push(vec![text(&h["node"]), text(&h["module"]), text(&h["state"]), text(&h["applied_revision"]), text(&h["revision"]), place, cut(&text(&h["reason"]), 70)]);
+    }
+    render(&rows)
 }
 
 /// Every page, shown; asked again every `--every`, redrawn when anything changed. An error is
