@@ -8,6 +8,8 @@
 
 pub mod env;
 pub mod escape;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod holders;
 pub mod keys;
 pub mod plan;

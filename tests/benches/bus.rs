@@ -250,6 +250,21 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
     let mut notices = c.subscribe("mesh-provisioner.notice.alpha").await.expect("subscribe");
     c.flush().await.expect("flush");
     let provider = bus.js("provider-postgres").await;
+    // Meanwhile a requester asks the narrowed needs query: the burst must not block the verb.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let during = {
+        let (c, stop) = (c.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut times = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                if c.request("mesh-provisioner.provisioning", br#"{"what":"needs","node":"alpha","module":"m000420"}"#.as_slice().into()).await.is_ok() {
+                    times.push(t.elapsed());
+                }
+            }
+            times
+        })
+    };
     let t = Instant::now();
     let mut acks = futures::stream::iter((0..n).map(|i| {
         let provider = provider.clone();
@@ -265,9 +280,13 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
             _ => break,
         }
     }
+    let last = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut times = during.await.unwrap_or_default();
+    let (p50, p99) = if times.is_empty() { (Duration::ZERO, Duration::ZERO) } else { (pct(&mut times, 0.5), pct(&mut times, 0.99)) };
     println!(
-        "{label}: {n} values rewritten in {:.0} ms; the last of {heard} notices heard {:.0} ms after the first write",
-        written.as_secs_f64() * 1e3, t.elapsed().as_secs_f64() * 1e3
+        "{label}: {n} values rewritten in {:.0} ms; the last of {heard} notices heard {:.0} ms after the first write; meanwhile the needs query p50 {:.0} µs p99 {:.0} µs ({} asked)",
+        written.as_secs_f64() * 1e3, last.as_secs_f64() * 1e3, us(p50), us(p99), times.len()
     );
 }
 

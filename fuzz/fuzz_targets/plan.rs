@@ -1,0 +1,4 @@
+#![no_main]
+//! Fuzzes `guest::fuzzing::plan`: see that function for the property checked.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| guest::fuzzing::plan(data));
