@@ -136,6 +136,9 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
     let after = q.after.as_deref();
     let mut found: Vec<Entry> = Vec::new();
     let (mut more, mut revision) = (false, 0);
+    // The last key a part read up to, when it has more: nothing past the lowest such key is
+    // known complete (a host may end a page early, by bytes, not only at `limit`).
+    let mut horizon: Option<String> = None;
     for part in scope.parts() {
         match part {
             Part::Key(key) => {
@@ -146,7 +149,12 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
             }
             Part::Filter(filter) => {
                 let page = env.scan(scope.bucket, &filter, after, q.limit)?;
-                more |= page.more;
+                if page.more {
+                    more = true;
+                    if let Some(last) = page.entries.last() {
+                        horizon = Some(horizon.map_or(last.key.clone(), |h| h.min(last.key.clone())));
+                    }
+                }
                 revision = revision.max(page.revision);
                 found.extend(page.entries);
             }
@@ -155,6 +163,9 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
     // The parts are disjoint, each in key order with at most `limit` keys: the first `limit` of
     // their union are the page, and anything cut here is more.
     found.sort_by(|a, b| a.key.cmp(&b.key));
+    if let Some(h) = &horizon {
+        found.retain(|e| e.key <= *h);
+    }
     if found.len() > q.limit as usize {
         found.truncate(q.limit as usize);
         more = true;

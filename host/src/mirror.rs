@@ -20,6 +20,10 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MAX_SCAN: u32 = 10_000;
 /// Longest filter or key accepted from the guest.
 pub const MAX_SUBJECT: usize = 4096;
+/// Most bytes (keys and values) one scan copies: a page ends early, with `more`, rather than
+/// hand the guest `limit` values of a writer's choosing (a thousand 1 MiB values would be a
+/// gigabyte). A page always holds at least one entry, so a scan always moves on.
+pub const MAX_PAGE_BYTES: usize = 4 << 20;
 
 /// One stored value. Boxed slices keep a million-key mirror small.
 #[derive(Debug, Clone)]
@@ -205,11 +209,11 @@ impl Mirror {
             if !matches(&pattern, key) {
                 continue;
             }
-            if page.entries.len() == limit {
+            if page.entries.len() == limit || page.full(key, &v.value) {
                 page.more = true;
                 break;
             }
-            page.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
+            page.push(key, v);
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         Ok(page)
@@ -240,16 +244,27 @@ impl Mirror {
             if !matches(pattern, key) {
                 continue;
             }
-            if page.entries.len() == limit {
+            let Some(v) = s.entries.get(key) else { continue };
+            if page.entries.len() == limit || page.full(key, &v.value) {
                 page.more = true;
                 break;
             }
-            if let Some(v) = s.entries.get(key) {
-                page.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
-            }
+            page.push(key, v);
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         page
+    }
+}
+
+impl Page {
+    /// Whether adding this entry would take the page past [`MAX_PAGE_BYTES`] (never the first).
+    fn full(&self, key: &str, value: &[u8]) -> bool {
+        let held: usize = self.entries.iter().map(|e| e.key.len() + e.value.len()).sum();
+        !self.entries.is_empty() && held + key.len() + value.len() > MAX_PAGE_BYTES
+    }
+
+    fn push(&mut self, key: &str, v: &Stored) {
+        self.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
     }
 }
 
@@ -372,6 +387,27 @@ mod tests {
         assert_eq!(keys(&m.scan("*.>", None, 10_000).unwrap()).iter().filter(|k| k.ends_with(".pg=2Edb")).count(), 3);
         m.clear();
         assert!(m.scan("*.*.bound.pg=2Edb", None, 10).unwrap().entries.is_empty());
+    }
+
+    #[test]
+    fn cuts_a_page_by_bytes_before_copying_values() {
+        let m = Mirror::new();
+        let big = vec![b'x'; 1 << 20];
+        for i in 0..10 {
+            m.put(&format!("alpha.k{i}"), i + 1, &big);
+            m.put(&format!("beta.x.k{i}"), i + 100, &big);
+        }
+        let p = m.scan("alpha.>", None, 1000).unwrap();
+        assert_eq!((p.entries.len(), p.more), (3, true), "4 MiB hold three 1 MiB values and their keys");
+        let p = m.scan("*.x.k1", None, 1000).unwrap();
+        assert_eq!(p.entries.len(), 1);
+        // A value larger than a page still comes, alone.
+        m.put("huge.one", 500, &vec![b'y'; MAX_PAGE_BYTES + 1]);
+        m.put("huge.two", 501, b"small");
+        let p = m.scan("huge.>", None, 1000).unwrap();
+        assert_eq!((keys(&p), p.more), (vec!["huge.one"], true));
+        let p = m.scan("huge.>", Some("huge.one"), 1000).unwrap();
+        assert_eq!((keys(&p), p.more), (vec!["huge.two"], false));
     }
 
     #[test]

@@ -223,3 +223,33 @@ fn pages_past_a_long_key_and_names_one_that_cannot_fit() {
     assert!(message.contains("alpha.app.config.nnn") && message.contains("4017 bytes") && message.contains("max_payload"), "{message}");
     assert!(reply.body.len() <= 4096);
 }
+
+/// Values at a server's `max_payload` (1 MiB): the host ends a scan's page by bytes, the verb
+/// pages on from there, and every key in scope (of both parts: `alpha.app` and `alpha.app.…`)
+/// is listed exactly once, no reply over its budget: a part cut short bounds the page.
+#[test]
+fn pages_of_large_values_lose_no_key_when_the_host_cuts_them_by_bytes() {
+    let b = MemoryBackend::new();
+    let mut big_json = vec![b'a'; 1 << 20];
+    big_json[0] = b'"';
+    *big_json.last_mut().unwrap() = b'"';
+    let mut want = BTreeSet::new();
+    for i in 0..12 {
+        let k = format!("alpha.app.config.n{i:02}");
+        b.put("mesh-provisioner_needs", &k, &big_json);
+        want.insert(k);
+    }
+    // Shorter keys sort between and after the long ones' pages.
+    for k in ["alpha.app", "beta.app", "zeta.app", "alpha.app.config", "alpha.app.config.n05.deeper"] {
+        b.put("mesh-provisioner_needs", k, b"{}");
+        want.insert(k.to_string());
+    }
+    let env = Native(b);
+    // By module only: two filters (`*.app` and `*.app.>`), read side by side.
+    let a = Ask { what: "needs", fields: vec![("module", "app".into())], fixed: vec![] };
+    let (listed, largest) = all_pages(&env, &a, 1000, 8 << 20).unwrap();
+    let got: BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(got.len(), listed.len(), "a key listed twice: {listed:?}");
+    assert_eq!(got, want);
+    assert!(largest <= 8 << 20, "a reply of {largest} bytes");
+}
