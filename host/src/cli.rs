@@ -101,6 +101,10 @@ pub struct Serve {
     /// Memory one guest call may use, in MiB.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub guest_memory: u32,
+    /// Requests answered at once; one arriving while this many are in flight gets a fast `503`
+    /// with code `overloaded` (counted in `$SRV.STATS`) instead of waiting in an unbounded queue.
+    #[arg(long, env = "MESH_PROVISIONER_MAX_IN_FLIGHT", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_in_flight: u32,
     /// The seat's lease: a holder that cannot renew within it loses the seat.
     #[arg(long, env = "MESH_PROVISIONER_SEAT_TTL", default_value = "10s", value_parser = parse_duration)]
     pub seat_ttl: Duration,

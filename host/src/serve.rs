@@ -197,7 +197,7 @@ pub async fn run(args: Serve) -> Result<()> {
                 _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
             }
         };
-        if let Err(e) = crate::service::serve(client.clone(), backend.clone(), current.clone(), Some(seat.clone()), limits, until).await {
+        if let Err(e) = crate::service::serve(client.clone(), backend.clone(), current.clone(), Some(seat.clone()), limits, args.max_in_flight as usize, until).await {
             break Err(e);
         }
     };

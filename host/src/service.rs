@@ -30,8 +30,6 @@ pub const ENDPOINTS: [(&str, &str); 2] = [("provisioning", PROVISIONING), ("plan
 pub const QUEUE_GROUP: &str = "q";
 pub const ERROR_HEADER: &str = "Nats-Service-Error";
 pub const ERROR_CODE_HEADER: &str = "Nats-Service-Error-Code";
-/// Requests answered at once; more wait for a slot.
-const CONCURRENCY: usize = 256;
 /// Room left in a message for headers and framing.
 const HEADROOM: usize = 1024;
 
@@ -41,6 +39,8 @@ struct Stats {
     errors: u64,
     last_error: String,
     processing: Duration,
+    /// Requests shed with `503 overloaded` (also counted as requests and errors).
+    overloaded: u64,
 }
 
 /// One instance of the micro service.
@@ -122,11 +122,18 @@ impl Micro {
                     "name": name, "subject": subject, "queue_group": QUEUE_GROUP,
                     "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
                     "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
-                    "data": null,
+                    "data": { "overloaded": s.overloaded },
                 })
             })
             .collect();
         v
+    }
+
+    fn count_overloaded(&self, endpoint: usize) {
+        let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = all.get_mut(endpoint) {
+            s.overloaded += 1;
+        }
     }
 
     fn count(&self, endpoint: usize, took: Duration, error: Option<String>) {
@@ -149,8 +156,10 @@ pub async fn serve(
     current: Arc<Current>,
     seat: Option<Arc<Seat>>,
     limits: Limits,
+    max_in_flight: usize,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
+    let max_in_flight = max_in_flight.max(1);
     let micro = Micro::new(current.clone(), seat)?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
     let mut endpoints = Vec::new();
@@ -169,13 +178,23 @@ pub async fn serve(
     client.flush().await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("flushing subscriptions: {e}")))?;
     let max_reply = client.server_info().max_payload.saturating_sub(HEADROOM).max(4096) as u32;
     tracing::info!(subjects = ?ENDPOINTS.map(|e| e.1), id = micro.id, max_reply, "serving");
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    // The bounded backlog: requests in flight. One more is shed at once rather than queued, so
+    // a flood costs a fast `503` each and never memory without bound, and whatever else runs on
+    // this thread (the seat's renewals) keeps getting its turn.
+    let slots = Arc::new(Semaphore::new(max_in_flight));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             request = endpoint.next() => {
                 let Some((which, request)) = request else { break };
-                let Ok(permit) = slots.clone().acquire_owned().await else { break };
+                let permit = match slots.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(tokio::sync::TryAcquireError::NoPermits) => {
+                        shed(&client, which, request, &micro, max_in_flight).await;
+                        continue;
+                    }
+                    Err(tokio::sync::TryAcquireError::Closed) => break,
+                };
                 let (client, backend, micro) = (client.clone(), backend.clone(), micro.clone());
                 tokio::spawn(async move {
                     answer(&client, which, request, backend, &micro, limits, max_reply).await;
@@ -199,8 +218,43 @@ pub async fn serve(
     for s in endpoint.iter_mut() {
         let _ = s.get_mut().unsubscribe().await;
     }
-    let _ = slots.acquire_many(CONCURRENCY as u32).await;
+    let _ = slots.acquire_many(max_in_flight as u32).await;
     Ok(())
+}
+
+/// Answers a request that found every slot taken: `503` with code `overloaded`, at once.
+async fn shed(client: &Client, which: usize, request: Message, micro: &Micro, max_in_flight: usize) {
+    let started = Instant::now();
+    micro.count_overloaded(which);
+    let Some(reply_to) = request.reply else { return };
+    let body = error_body("overloaded", &format!("{max_in_flight} requests are in flight already; retry shortly"));
+    let sent = send(client, reply_to, ReplyCode::Unavailable, body).await;
+    micro.count(which, started.elapsed(), Some("503:overloaded".into()));
+    if let Err(e) = sent {
+        tracing::debug!("could not send an overloaded reply: {e}");
+    }
+}
+
+/// Sends a reply: the body alone when ok, else with the micro-service error headers.
+async fn send(client: &Client, reply_to: async_nats::Subject, code: ReplyCode, body: Vec<u8>) -> std::result::Result<(), async_nats::PublishError> {
+    match code {
+        ReplyCode::Ok => client.publish(reply_to, body.into()).await,
+        other => {
+            let mut headers = HeaderMap::new();
+            headers.insert(ERROR_HEADER, status_of(other).0);
+            headers.insert(ERROR_CODE_HEADER, status_of(other).1.to_string().as_str());
+            client.publish_with_headers(reply_to, headers, body.into()).await
+        }
+    }
+}
+
+/// The micro-service status and number of a reply code that is not ok.
+fn status_of(code: ReplyCode) -> (&'static str, u16) {
+    match code {
+        ReplyCode::BadRequest => ("bad request", 400),
+        ReplyCode::Unavailable => ("unavailable", 503),
+        _ => ("internal error", 500),
+    }
 }
 
 async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dyn Backend>, micro: &Micro, limits: Limits, max_reply: u32) {
@@ -232,20 +286,8 @@ async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dy
     } else {
         (code, body)
     };
-    let (sent, error) = match code {
-        ReplyCode::Ok => (client.publish(reply_to, body.into()).await, None),
-        other => {
-            let (status, number) = match other {
-                ReplyCode::BadRequest => ("bad request", 400),
-                ReplyCode::Unavailable => ("unavailable", 503),
-                _ => ("internal error", 500),
-            };
-            let mut headers = HeaderMap::new();
-            headers.insert(ERROR_HEADER, status);
-            headers.insert(ERROR_CODE_HEADER, number.to_string().as_str());
-            (client.publish_with_headers(reply_to, headers, body.into()).await, Some(format!("{number}:{status}")))
-        }
-    };
+    let error = (code != ReplyCode::Ok).then(|| format!("{}:{}", status_of(code).1, status_of(code).0));
+    let sent = send(client, reply_to, code, body).await;
     micro.count(which, started.elapsed(), error);
     if let Err(e) = sent {
         tracing::warn!("could not send a reply: {e}");
