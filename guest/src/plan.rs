@@ -227,9 +227,11 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         (Source::Absent, have) => reads.push((vec!["have"], have.clone())),
         (want, _) => reads.push((vec!["want"], want.clone())),
     }
+    // A module neither assigned nor applied on this node is not on it: no composition is read
+    // (a requester naming nodes that do not exist must not make the host follow their buckets).
     match reads.first_mut() {
         Some((roles, first)) if *first == newest => roles.push("newest"),
-        _ if newest != Source::Absent => reads.push((vec!["newest"], newest.clone())),
+        Some(_) if newest != Source::Absent => reads.push((vec!["newest"], newest.clone())),
         _ => {}
     }
 
@@ -308,7 +310,7 @@ impl Plan {
             None => (
                 State::Waiting,
                 Some(format!(
-                    "nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it",
+                    "nothing to plan: {} on {} has no want and no applied build (it is not on that node)",
                     self.module, self.node
                 )),
             ),

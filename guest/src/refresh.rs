@@ -94,7 +94,17 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
     let mut report = Report::default();
     let mut pairs = pairs.into_iter();
     for (node, module) in pairs.by_ref().take(MAX_PER_REFRESH) {
-        let p = plan::compute(env, &node, &module, true)?;
+        // One module's failure stays that module's: it waits with the reason, is tried again
+        // later, and the rest of the mesh is refreshed.
+        let p = match plan::compute(env, &node, &module, true) {
+            Ok(p) => p,
+            Err(e) => {
+                env.log(Level::Warn, &format!("the plan of {node}/{module} could not be computed now: {e}; it will be tried again"));
+                report.waiting.push(format!("{node}/{module}: could not be computed now: {e}"));
+                report.retry.push(module_change(&node, &module));
+                continue;
+            }
+        };
         report.computed += 1;
         if let Some(k) = &p.to_keep {
             match env.save_plan(&node, &module, &k.to_bytes(&node, &module)) {

@@ -26,6 +26,10 @@ pub trait Backend: Send + Sync + 'static {
     fn kept(&self) -> &KeptPlans;
     /// How many instances of the micro service `service` answer `$SRV.PING.<service>`.
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>>;
+    /// How many buckets are followed now (shown in `$SRV.INFO`).
+    fn mirrored(&self) -> usize {
+        0
+    }
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus

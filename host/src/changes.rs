@@ -39,6 +39,11 @@ impl Changes {
         self.lock().patterns = patterns;
     }
 
+    /// The patterns followed now.
+    pub fn patterns(&self) -> Vec<String> {
+        self.lock().patterns.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }

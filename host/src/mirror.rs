@@ -73,11 +73,32 @@ pub struct Mirror {
     state: RwLock<State>,
     /// Keys looked at by scans, for proving that narrowed scans stay narrow.
     visited: AtomicU64,
+    /// When the mirror was last asked for, in milliseconds after [`epoch`].
+    touched: AtomicU64,
+}
+
+/// The instant mirror use is measured from.
+fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
 }
 
 impl Mirror {
     pub fn new() -> Self {
-        Self::default()
+        let m = Self::default();
+        m.touch();
+        m
+    }
+
+    /// Records that the mirror was asked for now.
+    pub fn touch(&self) {
+        self.touched.store(epoch().elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the mirror was last asked for.
+    pub fn unread_for(&self) -> std::time::Duration {
+        let now = epoch().elapsed().as_millis() as u64;
+        std::time::Duration::from_millis(now.saturating_sub(self.touched.load(Ordering::Relaxed)))
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {

@@ -28,8 +28,12 @@ pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provision
 
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often a bucket that does not exist yet is looked for.
+/// How often a mirrored bucket that was deleted is looked for again.
 const MISSING_POLL: Duration = Duration::from_secs(1);
+/// A mirror of a bucket that no longer exists, unread this long, is dropped.
+const MISSING_EVICT: Duration = Duration::from_secs(60);
+/// How long a listing of the bus's buckets is used before it is asked for again.
+const NAMES_FOR: Duration = Duration::from_secs(1);
 /// How long a discovery answer is reused: a status page over many modules pings a service once.
 const DISCOVERY_CACHE: Duration = Duration::from_secs(3);
 /// How long discovery waits for the first responder, and for more after the last one.
@@ -48,7 +52,11 @@ pub struct NatsBackend {
     pings: std::sync::atomic::AtomicU64,
     js: jetstream::Context,
     registry: kv::Store,
-    mirrors: std::sync::Mutex<HashMap<String, Arc<Mirror>>>,
+    mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
+    /// The buckets on the bus, as last listed (at most every [`NAMES_FOR`], one listing at a
+    /// time): a bucket not among them reads as empty and is never mirrored, so requests naming
+    /// buckets nobody made cost neither a mirror nor a call to the bus each.
+    names: tokio::sync::Mutex<(Option<Instant>, std::collections::HashSet<String>)>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
     seat: OnceLock<Arc<Seat>>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
@@ -74,6 +82,7 @@ impl NatsBackend {
             js,
             registry,
             mirrors: Default::default(),
+            names: Default::default(),
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
@@ -113,8 +122,13 @@ impl NatsBackend {
             Some(m) => m,
             None => {
                 check_bucket(bucket)?;
-                // Fail fast when the bus cannot be asked, rather than wait for a sync.
-                exists(&self.js, bucket).await?;
+                // Fails fast when the bus cannot be asked, rather than wait for a sync.
+                if !self.bucket_exists(bucket).await? {
+                    let m = Mirror::new();
+                    m.set_missing(true);
+                    m.set_ready(true);
+                    return Ok(Arc::new(m));
+                }
                 let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
                 match map.get(bucket) {
                     Some(m) => m.clone(),
@@ -130,6 +144,7 @@ impl NatsBackend {
                             mirror: m.clone(),
                             changes: self.changes.clone(),
                             events: self.events.clone(),
+                            mirrors: self.mirrors.clone(),
                         };
                         tokio::spawn(follower.run(self.resync.subscribe()));
                         m
@@ -137,6 +152,7 @@ impl NatsBackend {
                 }
             }
         };
+        mirror.touch();
         let start = Instant::now();
         while !mirror.is_ready() {
             if start.elapsed() > SYNC_TIMEOUT {
@@ -145,6 +161,24 @@ impl NatsBackend {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(mirror)
+    }
+
+    /// Whether `bucket` is on the bus, by a listing of its streams at most [`NAMES_FOR`] old.
+    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        let mut names = self.names.lock().await;
+        if names.0.is_some_and(|at| at.elapsed() < NAMES_FOR) {
+            return Ok(names.1.contains(bucket));
+        }
+        let mut listed = std::collections::HashSet::new();
+        let mut streams = self.js.stream_names();
+        while let Some(name) = streams.next().await {
+            let name = name.map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing the buckets: {e}")))?;
+            if let Some(b) = name.strip_prefix("KV_") {
+                listed.insert(b.to_string());
+            }
+        }
+        *names = (Some(Instant::now()), listed);
+        Ok(names.1.contains(bucket))
     }
 
     /// Waits (briefly) until the registry mirror shows `revision`, so a reconcile right after
@@ -259,6 +293,8 @@ struct Follower {
     mirror: Arc<Mirror>,
     changes: Arc<Changes>,
     events: Arc<crate::notices::Events>,
+    /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
+    mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
 }
 
 impl Follower {
@@ -290,6 +326,14 @@ impl Follower {
                         tracing::debug!(bucket = self.bucket, "bucket does not exist yet: mirrored as empty");
                     }
                     was_missing = true;
+                    if self.mirror.unread_for() > MISSING_EVICT {
+                        let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+                        if map.get(&self.bucket).is_some_and(|m| Arc::ptr_eq(m, &self.mirror)) {
+                            map.remove(&self.bucket);
+                        }
+                        tracing::info!(bucket = self.bucket, "the bucket is gone and nobody reads it: mirror dropped");
+                        return;
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(MISSING_POLL) => {},
                         _ = resync.changed() => {},
@@ -410,6 +454,10 @@ impl Backend for NatsBackend {
             self.settle(before + 1).await;
             Ok(())
         })
+    }
+
+    fn mirrored(&self) -> usize {
+        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     fn kept(&self) -> &KeptPlans {

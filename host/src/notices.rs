@@ -27,8 +27,8 @@ use crate::seat::Seat;
 pub const NOTICE_PREFIX: &str = "mesh-provisioner.notice.";
 /// Most keys waiting for their notices; past it new events are dropped (counted and logged).
 pub const MAX_PENDING: usize = 100_000;
-/// How often buckets named by a pattern (`*_bound`) are looked for on the bus.
-const LIST_EVERY: Duration = Duration::from_secs(10);
+/// How often buckets named by a pattern (`*_bound`, `composed-*`) are looked for on the bus.
+const LIST_EVERY: Duration = Duration::from_secs(5);
 /// Changes arriving this soon after the first are taken together.
 const SETTLE: Duration = Duration::from_millis(20);
 /// A call handles many events; it gets more time than a verb call.
@@ -133,6 +133,8 @@ pub struct Notifier {
     pub backend: Arc<dyn Backend>,
     pub current: Arc<Current>,
     pub events: Arc<Events>,
+    /// The buckets plans follow: listed too, so a bucket created later is mirrored.
+    pub plan_inputs: Arc<crate::changes::Changes>,
     pub seat: Arc<Seat>,
     pub limits: Limits,
 }
@@ -145,6 +147,7 @@ impl Notifier {
         let mut following = String::new();
         let mut list = tokio::time::interval(LIST_EVERY);
         let mut published = 0u64;
+        let mut listing: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let loaded = self.current.get();
             if loaded.guest.digest() != following {
@@ -166,7 +169,12 @@ impl Notifier {
             tokio::select! {
                 _ = self.events.next() => {}
                 _ = list.tick() => {
-                    self.mirror_inputs().await;
+                    // Off this loop: a first sync of many buckets must not hold notices back.
+                    if listing.as_ref().is_none_or(|l| l.is_finished()) {
+                        let mut patterns = self.events.patterns();
+                        patterns.extend(self.plan_inputs.patterns());
+                        listing = Some(tokio::spawn(mirror_inputs(self.js.clone(), self.backend.clone(), patterns)));
+                    }
                     continue;
                 }
                 _ = held.changed() => continue,
@@ -208,34 +216,34 @@ impl Notifier {
             }
         }
     }
+}
 
-    /// Mirrors every bucket the notice inputs name: the names at once, and for a pattern each
-    /// bucket on the bus it matches (a provider installed later is found within [`LIST_EVERY`]).
-    async fn mirror_inputs(&self) {
-        let patterns = self.events.patterns();
-        let mut buckets: Vec<String> = patterns.iter().filter(|p| !p.contains('*')).cloned().collect();
-        if patterns.iter().any(|p| p.contains('*')) {
-            let mut names = self.js.stream_names();
-            while let Some(name) = names.next().await {
-                match name {
-                    Ok(stream) => {
-                        if let Some(bucket) = stream.strip_prefix("KV_") {
-                            if patterns.iter().any(|p| p.contains('*') && bucket_matches(p, bucket)) {
-                                buckets.push(bucket.to_string());
-                            }
+/// Mirrors every bucket the notice and plan inputs name: the names at once, and for a pattern
+/// each bucket on the bus it matches (a provider installed or a node composing later is found
+/// within [`LIST_EVERY`]). Buckets that do not exist are never mirrored.
+async fn mirror_inputs(js: async_nats::jetstream::Context, backend: Arc<dyn Backend>, patterns: Vec<String>) {
+    let mut buckets: Vec<String> = patterns.iter().filter(|p| !p.contains('*')).cloned().collect();
+    if patterns.iter().any(|p| p.contains('*')) {
+        let mut names = js.stream_names();
+        while let Some(name) = names.next().await {
+            match name {
+                Ok(stream) => {
+                    if let Some(bucket) = stream.strip_prefix("KV_") {
+                        if patterns.iter().any(|p| p.contains('*') && bucket_matches(p, bucket)) && buckets.len() < crate::nats::MAX_MIRRORS {
+                            buckets.push(bucket.to_string());
                         }
                     }
-                    Err(e) => {
-                        tracing::debug!("listing the buckets notices may come from: {e}");
-                        break;
-                    }
+                }
+                Err(e) => {
+                    tracing::debug!("listing the buckets notices and plans come from: {e}");
+                    break;
                 }
             }
         }
-        for b in buckets {
-            if let Err(e) = self.backend.mirror(&b).await {
-                tracing::debug!(bucket = b, "not mirrored for notices yet: {e}");
-            }
+    }
+    for b in buckets {
+        if let Err(e) = backend.mirror(&b).await {
+            tracing::debug!(bucket = b, "not mirrored yet: {e}");
         }
     }
 }

@@ -104,6 +104,7 @@ pub async fn run(args: Serve) -> Result<()> {
             backend: backend.clone(),
             current: current.clone(),
             events: nats.events().clone(),
+            plan_inputs: nats.changes().clone(),
             seat: seat.clone(),
             limits,
         }

@@ -49,14 +49,15 @@ pub struct Micro {
     started: String,
     current: Arc<Current>,
     seat: Option<Arc<Seat>>,
+    backend: Arc<dyn Backend>,
     /// Per endpoint, in [`ENDPOINTS`] order.
     stats: Mutex<[Stats; 2]>,
 }
 
 impl Micro {
-    pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>) -> Result<Arc<Self>> {
+    pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>, backend: Arc<dyn Backend>) -> Result<Arc<Self>> {
         let id = crate::embedded::random_password()?.chars().take(22).collect();
-        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, stats: Mutex::default() }))
+        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, backend, stats: Mutex::default() }))
     }
 
     pub fn id(&self) -> &str {
@@ -74,6 +75,7 @@ impl Micro {
             "wit": loaded.info.wit_version,
             "swaps": self.current.swaps().to_string(),
             "refusals": refusals.to_string(),
+            "mirrors": self.backend.mirrored().to_string(),
         });
         if let Some(seat) = &self.seat {
             m["instance"] = json!(seat.instance());
@@ -160,7 +162,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let max_in_flight = max_in_flight.max(1);
-    let micro = Micro::new(current.clone(), seat)?;
+    let micro = Micro::new(current.clone(), seat, backend.clone())?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
     let mut endpoints = Vec::new();
     for (i, (_, subject)) in ENDPOINTS.iter().enumerate() {
