@@ -149,20 +149,21 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
     let recorded = grouped(env, &Grouping { bucket: NEEDS, filter: &filter, module_of: &module_of, has: &has }, after, after, limit)?;
     let assigned = keyed_by_pair(env, ASSIGNMENTS, &format!("{nodes}.*"), after, limit)?;
     let horizon = [&recorded.horizon, &assigned.horizon].into_iter().flatten().min().cloned();
-    let mut pairs: Vec<(Pair, bool)> = recorded.found.iter().map(|p| (p.clone(), true)).collect();
-    pairs.extend(assigned.found.into_iter().filter(|p| !recorded.found.contains(p)).map(|p| (p, false)));
-    pairs.sort_by_key(|(p, _)| join(p));
-    pairs.retain(|(p, _)| after.is_none_or(|a| join(p).as_str() > a) && horizon.as_ref().is_none_or(|h| join(p) <= *h));
+    let in_recorded: std::collections::HashSet<&Pair> = recorded.found.iter().collect();
+    let mut pairs: Vec<(String, Pair, bool)> = recorded.found.iter().map(|p| (join(p), p.clone(), true)).collect();
+    pairs.extend(assigned.found.iter().filter(|p| !in_recorded.contains(p)).map(|p| (join(p), p.clone(), false)));
+    pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    pairs.retain(|(key, _, _)| after.is_none_or(|a| key.as_str() > a) && horizon.as_ref().is_none_or(|h| key <= h));
     let mut more = horizon.is_some();
     if pairs.len() > limit as usize {
         pairs.truncate(limit as usize);
         more = true;
     }
     let mut holders = Vec::new();
-    for ((n, m), rec) in &pairs {
+    for (_, (n, m), rec) in &pairs {
         holders.extend(holder(env, n, m, kind, name, *rec)?);
     }
-    Ok(Holders { holders, last: pairs.last().map(|(p, _)| join(p)), more })
+    Ok(Holders { holders, last: pairs.last().map(|(key, _, _)| key.clone()), more })
 }
 
 /// Answers `what: "holders"`: one page, cut by `limit` modules and by the reply's byte budget.

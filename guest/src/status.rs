@@ -417,6 +417,8 @@ pub(crate) struct Grouping<'a> {
 pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let Grouping { bucket, filter, module_of, has } = g;
     let mut found: Vec<Pair> = Vec::new();
+    // Membership by hash: a page of thousands of modules must not cost their square.
+    let mut seen: std::collections::HashSet<Pair> = std::collections::HashSet::new();
     let mut cursor = cursor.map(str::to_string);
     let (mut read, mut complete) = (0usize, false);
     let beyond = |p: &Pair| after.is_none_or(|a| join(p).as_str() > a);
@@ -425,7 +427,7 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
         read += page.entries.len();
         for e in &page.entries {
             if let Some(p) = module_of(&e.key).filter(beyond) {
-                if found.last() != Some(&p) && !found.contains(&p) {
+                if found.last() != Some(&p) && seen.insert(p.clone()) {
                     found.push(p);
                 }
             }
@@ -443,7 +445,7 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
     for (node, module) in found.iter().chain(after.and_then(pair_of).as_ref()) {
         for (i, _) in module.match_indices('-').filter(|(i, _)| *i > 0) {
             let p = (node.clone(), module[..i].to_string());
-            if beyond(&p) && is_identifier(&p.1) && !found.contains(&p) && !shorter.contains(&p) && has(&p)? {
+            if beyond(&p) && is_identifier(&p.1) && !seen.contains(&p) && !shorter.contains(&p) && has(&p)? {
                 shorter.push(p);
             }
         }
