@@ -15,10 +15,16 @@ use crate::env::{Entry, Env, HostError, Level, Page};
 use crate::escape::{decode, encode, is_identifier};
 use crate::keys;
 
+/// One bucket: key → (revision, value).
+type Bucket = BTreeMap<String, (u64, Vec<u8>)>;
+
+/// A check, by the fuzz target's name.
+pub type Check = fn(&[u8]);
+
 /// A bucket store for the checks: ordered keys, NATS subject filters.
 #[derive(Default)]
 pub struct MemEnv {
-    buckets: Mutex<BTreeMap<String, BTreeMap<String, (u64, Vec<u8>)>>>,
+    buckets: Mutex<BTreeMap<String, Bucket>>,
     revision: Mutex<u64>,
 }
 
@@ -231,4 +237,4 @@ fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 /// The checks by target name, for the corpus replay.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [("request", request), ("keys", keys), ("escape", escape), ("plan", plan), ("applied", applied), ("value", value)];
+pub const TARGETS: [(&str, Check); 6] = [("request", request), ("keys", keys), ("escape", escape), ("plan", plan), ("applied", applied), ("value", value)];

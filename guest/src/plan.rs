@@ -155,23 +155,28 @@ pub struct Plan {
     pub to_keep: Option<Kept>,
 }
 
-/// Reads `field` of the JSON object at `key` of `bucket` as a build.
-fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<Source, HostError> {
+/// Whether `key` of `bucket` holds a record, and its `field` read as a build.
+fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(bool, Source), HostError> {
     let Some(e) = env.get(bucket, key)? else {
-        return Ok(Source::Absent);
+        return Ok((false, Source::Absent));
     };
-    let v: Value = match serde_json::from_slice(&e.value) {
+    Ok((true, field_of(bucket, key, &e.value, field)))
+}
+
+/// `field` of a record as a build.
+fn field_of(bucket: &str, key: &str, value: &[u8], field: &str) -> Source {
+    let v: Value = match serde_json::from_slice(value) {
         Ok(v @ Value::Object(_)) => v,
-        _ => return Ok(Source::Odd(format!("{bucket} {key:?} is not a JSON object"))),
+        _ => return Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
     };
-    Ok(match v.get(field) {
+    match v.get(field) {
         None | Some(Value::Null) => Source::Absent,
         Some(Value::String(b)) => match identifier_problem(b) {
             None => Source::Build(b.clone()),
             Some(p) => Source::Odd(format!("{bucket} {key:?}: `{field}` {p}")),
         },
         Some(other) => Source::Odd(format!("{bucket} {key:?}: `{field}` is not a build name: {}", shorten(&other.to_string()))),
-    })
+    }
 }
 
 fn composition(env: &dyn Env, node: &str, module: &str, build: &str) -> Result<Composition, HostError> {
@@ -216,9 +221,9 @@ fn composition(env: &dyn Env, node: &str, module: &str, build: &str) -> Result<C
 /// published; without it (the read-only verb), the kept plan is read only when needed.
 pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result<Plan, HostError> {
     let pair = format!("{node}.{module}");
-    let want = source(env, ASSIGNMENTS, &pair, "want")?;
-    let have = source(env, APPLIED, &pair, "build")?;
-    let newest = source(env, BUILDS, module, "newest")?;
+    let (assigned, want) = source(env, ASSIGNMENTS, &pair, "want")?;
+    let (applied, have) = source(env, APPLIED, &pair, "build")?;
+    let (_, newest) = source(env, BUILDS, module, "newest")?;
 
     // The first entry: the want, or with no want the have; then the newest if another build.
     let mut reads: Vec<(Vec<&'static str>, Source)> = Vec::new();
@@ -227,11 +232,12 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         (Source::Absent, have) => reads.push((vec!["have"], have.clone())),
         (want, _) => reads.push((vec!["want"], want.clone())),
     }
-    // A module neither assigned nor applied on this node is not on it: no composition is read
-    // (a requester naming nodes that do not exist must not make the host follow their buckets).
+    // A module with neither an assignment nor an applied record on this node is not on it: no
+    // composition is read (a requester naming nodes that do not exist must not make the host
+    // follow their buckets).
     match reads.first_mut() {
         Some((roles, first)) if *first == newest => roles.push("newest"),
-        Some(_) if newest != Source::Absent => reads.push((vec!["newest"], newest.clone())),
+        _ if newest != Source::Absent && (assigned || applied) => reads.push((vec!["newest"], newest.clone())),
         _ => {}
     }
 
@@ -307,10 +313,17 @@ impl Plan {
     pub fn state(&self) -> (State, Option<String>) {
         match self.entries.first() {
             Some(e) => (e.state, e.reason.clone()),
+            None if self.newest.is_some() => (
+                State::Waiting,
+                Some(format!(
+                    "nothing to plan: {} has no want and no applied build on {}: it is not on that node (the indexer's newest build is not read for it)",
+                    self.module, self.node
+                )),
+            ),
             None => (
                 State::Waiting,
                 Some(format!(
-                    "nothing to plan: {} on {} has no want and no applied build (it is not on that node)",
+                    "nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it",
                     self.module, self.node
                 )),
             ),

@@ -32,7 +32,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 const MISSING_POLL: Duration = Duration::from_secs(1);
 /// A mirror of a bucket that no longer exists, unread this long, is dropped.
 const MISSING_EVICT: Duration = Duration::from_secs(60);
-/// How long a listing of the bus's buckets is used before it is asked for again.
+/// How long a listing of the bus's buckets is trusted to say a bucket exists.
 const NAMES_FOR: Duration = Duration::from_secs(1);
 /// How long a discovery answer is reused: a status page over many modules pings a service once.
 const DISCOVERY_CACHE: Duration = Duration::from_secs(3);
@@ -53,9 +53,10 @@ pub struct NatsBackend {
     js: jetstream::Context,
     registry: kv::Store,
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
-    /// The buckets on the bus, as last listed (at most every [`NAMES_FOR`], one listing at a
-    /// time): a bucket not among them reads as empty and is never mirrored, so requests naming
-    /// buckets nobody made cost neither a mirror nor a call to the bus each.
+    /// The buckets on the bus, as last listed, and when. A bucket not on the bus reads as
+    /// empty and is never mirrored: a request naming buckets nobody made costs no mirror, and
+    /// no call the account may not make (the stream listing is one call, shared by every read
+    /// waiting for it).
     names: tokio::sync::Mutex<(Option<Instant>, std::collections::HashSet<String>)>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
     seat: OnceLock<Arc<Seat>>,
@@ -163,12 +164,18 @@ impl NatsBackend {
         Ok(mirror)
     }
 
-    /// Whether `bucket` is on the bus, by a listing of its streams at most [`NAMES_FOR`] old.
+    /// Whether `bucket` is on the bus now: by a listing made after this question was asked
+    /// (one listing at a time; those waiting share it), or one less than [`NAMES_FOR`] old that
+    /// names it.
     async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        let asked = Instant::now();
         let mut names = self.names.lock().await;
-        if names.0.is_some_and(|at| at.elapsed() < NAMES_FOR) {
-            return Ok(names.1.contains(bucket));
+        match names.0 {
+            Some(at) if at >= asked => return Ok(names.1.contains(bucket)),
+            Some(at) if at.elapsed() < NAMES_FOR && names.1.contains(bucket) => return Ok(true),
+            _ => {}
         }
+        let listed_at = Instant::now();
         let mut listed = std::collections::HashSet::new();
         let mut streams = self.js.stream_names();
         while let Some(name) = streams.next().await {
@@ -177,7 +184,7 @@ impl NatsBackend {
                 listed.insert(b.to_string());
             }
         }
-        *names = (Some(Instant::now()), listed);
+        *names = (Some(listed_at), listed);
         Ok(names.1.contains(bucket))
     }
 

@@ -87,7 +87,7 @@ impl Events {
         let at = (bucket.to_string(), key.to_string());
         if p.events.len() >= MAX_PENDING && !p.events.contains_key(&at) {
             drop(p);
-            if self.dropped.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {
+            if self.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(10_000) {
                 tracing::warn!(bucket, "{MAX_PENDING} changes already wait for their notices: dropping (holders still read `stale` in status)");
             }
             return;

@@ -58,7 +58,7 @@ async fn requests_for_nodes_that_do_not_exist_leave_nothing_behind() {
         answered += 1;
         if let Some(state) = v.get("state") {
             assert_eq!(state, "waiting", "{v}");
-            assert!(v["reason"].as_str().unwrap_or("").contains("not on that node"), "{v}");
+            assert!(v["reason"].as_str().unwrap_or("").contains("it is not on that node"), "{v}");
         } else {
             assert_eq!(v["entries"], json!([]), "{v}");
         }
