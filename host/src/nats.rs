@@ -32,8 +32,11 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 const MISSING_POLL: Duration = Duration::from_secs(1);
 /// A mirror of a bucket that no longer exists, unread this long, is dropped.
 const MISSING_EVICT: Duration = Duration::from_secs(60);
-/// How long a listing of the bus's buckets is trusted to say a bucket exists.
-const NAMES_FOR: Duration = Duration::from_secs(1);
+/// How long a listing of the bus's buckets is used when no creation was announced since (the
+/// server's stream-created advisories end it at once; this bounds it if they cannot arrive).
+const NAMES_FOR: Duration = Duration::from_secs(5);
+/// The server's advisory of each stream created.
+const STREAM_CREATED: &str = "$JS.EVENT.ADVISORY.STREAM.CREATED.>";
 /// How long a discovery answer is reused: a status page over many modules pings a service once.
 const DISCOVERY_CACHE: Duration = Duration::from_secs(3);
 /// How long discovery waits for the first responder, and for more after the last one.
@@ -57,7 +60,9 @@ pub struct NatsBackend {
     /// empty and is never mirrored: a request naming buckets nobody made costs no mirror, and
     /// no call the account may not make (the stream listing is one call, shared by every read
     /// waiting for it).
-    names: tokio::sync::Mutex<(Option<Instant>, std::collections::HashSet<String>)>,
+    names: tokio::sync::Mutex<(Option<(Instant, u64)>, std::collections::HashSet<String>)>,
+    /// Streams announced created (and reconnections): a listing made before the latest is stale.
+    created: Arc<std::sync::atomic::AtomicU64>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
     seat: OnceLock<Arc<Seat>>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
@@ -84,6 +89,7 @@ impl NatsBackend {
             registry,
             mirrors: Default::default(),
             names: Default::default(),
+            created: Default::default(),
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
@@ -114,6 +120,7 @@ impl NatsBackend {
     /// Makes every mirror replay its bucket from scratch; until each is back in sync, reads of
     /// it wait (bounded) and then fail: never a stale answer presented as complete.
     pub fn resync(&self) {
+        self.created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.resync.send_modify(|g| *g += 1);
     }
 
@@ -164,17 +171,34 @@ impl NatsBackend {
         Ok(mirror)
     }
 
-    /// Whether `bucket` is on the bus now: by a listing made after this question was asked
-    /// (one listing at a time; those waiting share it), or one less than [`NAMES_FOR`] old that
-    /// names it.
-    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
-        let asked = Instant::now();
-        let mut names = self.names.lock().await;
-        match names.0 {
-            Some(at) if at >= asked => return Ok(names.1.contains(bucket)),
-            Some(at) if at.elapsed() < NAMES_FOR && names.1.contains(bucket) => return Ok(true),
-            _ => {}
+    /// Follows the server's stream-created advisories, so that a listing of the buckets is
+    /// known stale the moment a bucket is made.
+    pub async fn follow_creations(self: &Arc<Self>) {
+        match self.client.subscribe(STREAM_CREATED).await {
+            Ok(mut sub) => {
+                let created = self.created.clone();
+                tokio::spawn(async move {
+                    while sub.next().await.is_some() {
+                        created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("not following stream creations ({e}): new buckets are seen within {NAMES_FOR:?}"),
         }
+    }
+
+    /// Whether `bucket` is on the bus now, by a listing of its streams made since the last
+    /// creation announced and at most [`NAMES_FOR`] ago (one listing at a time; those waiting
+    /// share it).
+    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+        let mut names = self.names.lock().await;
+        if let Some((at, g)) = names.0 {
+            if g == generation && at.elapsed() < NAMES_FOR {
+                return Ok(names.1.contains(bucket));
+            }
+        }
+        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
         let listed_at = Instant::now();
         let mut listed = std::collections::HashSet::new();
         let mut streams = self.js.stream_names();
@@ -184,7 +208,7 @@ impl NatsBackend {
                 listed.insert(b.to_string());
             }
         }
-        *names = (Some(listed_at), listed);
+        *names = (Some((listed_at, generation)), listed);
         Ok(names.1.contains(bucket))
     }
 

@@ -81,6 +81,7 @@ pub async fn run(args: Serve) -> Result<()> {
 
     let kept = crate::kept::KeptPlans::files(state.join("plans"));
     let nats = NatsBackend::open(client.clone(), args.replicas as usize, kept).await?;
+    nats.follow_creations().await;
     let backend: Arc<dyn Backend> = nats.clone();
     let instance = match &args.instance {
         Some(i) => i.clone(),
