@@ -54,17 +54,26 @@ impl Access {
     }
 }
 
-/// Renders the example config for a port, a store directory, passwords and a cluster block.
-pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], cluster: &str) -> String {
+/// The bcrypt cost of the rendered passwords: each connection costs the server one check at it
+/// (a few milliseconds), and the passwords are 144 random bits, not words to guess.
+const BCRYPT_COST: u32 = 6;
+
+/// Renders the example config for a port, a store directory, passwords and a cluster block. The
+/// config holds each password's bcrypt hash (`$2a$…`, which nats-server checks), never the
+/// password: the passwords live only in the state directory's private record.
+pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], cluster: &str) -> Result<String> {
     let mut conf = SERVER_CONF
         .replace("{{PORT}}", &port.to_string())
         .replace("{{STORE_DIR}}", &store_dir.display().to_string())
         .replace("{{CLUSTER}}", cluster);
     for (placeholder, user) in USERS {
         let password = passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str()).unwrap_or("");
-        conf = conf.replace(&format!("{{{{PASSWORD_{placeholder}}}}}"), password);
+        let hash = bcrypt::hash_with_result(password, BCRYPT_COST)
+            .map_err(|e| Error::new(ErrorKind::Config, format!("hashing the password of {user}: {e}")))?
+            .format_for_version(bcrypt::Version::TwoA);
+        conf = conf.replace(&format!("{{{{PASSWORD_{placeholder}}}}}"), &hash);
     }
-    conf
+    Ok(conf)
 }
 
 /// A free loopback port, as the OS hands one out.
@@ -113,7 +122,7 @@ impl Server {
             }
         }
         let conf_path = dir.join("nats-server.conf");
-        let conf = render(port, &dir.join("jetstream"), &passwords, cluster);
+        let conf = render(port, &dir.join("jetstream"), &passwords, cluster)?;
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
         let log = std::fs::File::create(dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
         let child = Command::new("nats-server")

@@ -144,5 +144,12 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     // The record of the embedded server's passwords is the owner's alone.
     let record = std::fs::metadata(state.path().join("embedded.json")).expect("the embedded server's record");
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&record.permissions()) & 0o077, 0, "the embedded server's record is readable by others");
+    // The rendered server config holds bcrypt hashes, never a password.
+    let access = mesh_provisioner::embedded::Access::load(state.path()).expect("the record reads");
+    let conf = std::fs::read_to_string(state.path().join("nats").join("nats-server.conf")).expect("the rendered config");
+    assert_eq!(conf.matches("password: \"$2a$").count(), access.passwords.len(), "{conf}");
+    for (user, password) in &access.passwords {
+        assert!(!conf.contains(password.as_str()), "the config holds {user}'s password");
+    }
     let _ = child.kill().await;
 }
