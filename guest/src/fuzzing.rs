@@ -28,19 +28,6 @@ pub struct MemEnv {
     revision: Mutex<u64>,
 }
 
-fn matches(filter: &str, key: &str) -> bool {
-    let (mut f, mut k) = (filter.split('.'), key.split('.'));
-    loop {
-        match (f.next(), k.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 impl MemEnv {
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) {
         let mut r = self.revision.lock().unwrap_or_else(|p| p.into_inner());
@@ -59,7 +46,7 @@ impl Env for MemEnv {
         let b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let mut page = Page::default();
         for (k, (r, v)) in b.get(bucket).into_iter().flatten() {
-            if after.is_some_and(|a| k.as_str() <= a) || !matches(filter, k) {
+            if after.is_some_and(|a| k.as_str() <= a) || !crate::holders::matches(filter, k) {
                 continue;
             }
             if page.entries.len() == limit as usize {

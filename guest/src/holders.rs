@@ -265,7 +265,7 @@ pub fn inputs() -> Vec<String> {
 }
 
 /// Whether the NATS subject `filter` matches `key`.
-fn matches(filter: &str, key: &str) -> bool {
+pub(crate) fn matches(filter: &str, key: &str) -> bool {
     let (mut f, mut k) = (filter.split('.'), key.split('.'));
     loop {
         match (f.next(), k.next()) {

@@ -47,6 +47,9 @@ const DISCOVERY_KEPT: usize = 1024;
 /// Most buckets mirrored at once: the guest names buckets, and each costs a watch.
 pub const MAX_MIRRORS: usize = 4096;
 
+/// The bus's buckets as last listed: when, at which creation count, and their names.
+type Listing = (Option<(Instant, u64)>, std::collections::HashSet<String>);
+
 pub struct NatsBackend {
     client: Client,
     /// Discovery answers by service: when asked and how many responded.
@@ -60,7 +63,7 @@ pub struct NatsBackend {
     /// empty and is never mirrored: a request naming buckets nobody made costs no mirror, and
     /// no call the account may not make (the stream listing is one call, shared by every read
     /// waiting for it).
-    names: tokio::sync::Mutex<(Option<(Instant, u64)>, std::collections::HashSet<String>)>,
+    names: tokio::sync::Mutex<Listing>,
     /// Streams announced created (and reconnections): a listing made before the latest is stale.
     created: Arc<std::sync::atomic::AtomicU64>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
