@@ -104,9 +104,14 @@ impl<'a> Obj<'a> {
 }
 
 /// Appends `,"value":…` (and `,"encoding":…` when the bytes are not JSON) to `out`.
+///
+/// Only JSON every reader can read is passed through as it is: a number out of any float's
+/// range (`7E77777…`, found by fuzzing) fits the grammar but makes common parsers, this
+/// project's `query` among them, refuse the whole reply; such a value goes as text.
 pub fn push_value(out: &mut String, bytes: &[u8]) {
     out.push_str(",\"value\":");
-    if let Ok(raw) = serde_json::from_slice::<&RawValue>(bytes) {
+    let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).is_ok());
+    if let Some(raw) = readable {
         out.push_str(raw.get());
     } else if let Ok(text) = std::str::from_utf8(bytes) {
         push_str(out, text);
@@ -150,6 +155,14 @@ mod tests {
     fn passes_json_through_as_it_is() {
         assert_eq!(render(br#"{"line":"export X=1"}"#), r#","value":{"line":"export X=1"}"#);
         assert_eq!(render(b"42"), r#","value":42"#);
+    }
+
+    #[test]
+    fn passes_a_number_no_reader_can_hold_as_text() {
+        let bytes = b"77777777E77333333333333333333333";
+        let out = format!("{{\"k\":0{}}}", render(bytes));
+        let v: serde_json::Value = serde_json::from_str(&out).expect("the reply stays readable");
+        assert_eq!((v["value"].as_str(), v["encoding"].as_str()), (Some("77777777E77333333333333333333333"), Some("utf-8")));
     }
 
     #[test]
