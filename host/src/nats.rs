@@ -190,18 +190,17 @@ impl NatsBackend {
         }
     }
 
-    /// Whether `bucket` is on the bus now, by a listing of its streams made since the last
-    /// creation announced and at most [`NAMES_FOR`] ago (one listing at a time; those waiting
-    /// share it).
-    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
-        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+    /// The bus's buckets, by a listing of its streams made since the last creation announced
+    /// and at most [`NAMES_FOR`] ago (one listing at a time; those waiting share it). Every
+    /// question of which buckets exist — a read of one not yet mirrored, the notice and plan
+    /// inputs' patterns — is answered from this one listing.
+    async fn listing(&self) -> Result<tokio::sync::MutexGuard<'_, Listing>> {
         let mut names = self.names.lock().await;
-        if let Some((at, g)) = names.0 {
-            if g == generation && at.elapsed() < NAMES_FOR {
-                return Ok(names.1.contains(bucket));
-            }
-        }
+        // Read after the lock: a creation announced while waiting for it makes a new listing.
         let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+        if matches!(names.0, Some((at, g)) if g == generation && at.elapsed() < NAMES_FOR) {
+            return Ok(names);
+        }
         let listed_at = Instant::now();
         let mut listed = std::collections::HashSet::new();
         let mut streams = self.js.stream_names();
@@ -212,7 +211,22 @@ impl NatsBackend {
             }
         }
         *names = (Some((listed_at, generation)), listed);
-        Ok(names.1.contains(bucket))
+        Ok(names)
+    }
+
+    /// Whether `bucket` is on the bus now (see [`NatsBackend::listing`]).
+    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        Ok(self.listing().await?.1.contains(bucket))
+    }
+
+    /// The buckets on the bus that `patterns` name (a name, or one `*` in a name), at most
+    /// [`MAX_MIRRORS`] of them.
+    pub async fn buckets_matching(&self, patterns: &[String]) -> Result<Vec<String>> {
+        let names = self.listing().await?;
+        let mut out: Vec<String> = names.1.iter().filter(|b| patterns.iter().any(|p| crate::changes::bucket_matches(p, b))).cloned().collect();
+        out.sort();
+        out.truncate(MAX_MIRRORS);
+        Ok(out)
     }
 
     /// Waits (briefly) until the registry mirror shows `revision`, so a reconcile right after

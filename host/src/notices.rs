@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
@@ -129,7 +128,8 @@ pub fn subject(node: &str) -> Option<String> {
 /// Who follows and publishes: the bus client, the backend (for mirrors), the seat.
 pub struct Notifier {
     pub client: async_nats::Client,
-    pub js: async_nats::jetstream::Context,
+    /// The bus's buckets, for the patterns of the inputs.
+    pub nats: Arc<crate::nats::NatsBackend>,
     pub backend: Arc<dyn Backend>,
     pub current: Arc<Current>,
     pub events: Arc<Events>,
@@ -173,7 +173,7 @@ impl Notifier {
                     if listing.as_ref().is_none_or(|l| l.is_finished()) {
                         let mut patterns = self.events.patterns();
                         patterns.extend(self.plan_inputs.patterns());
-                        listing = Some(tokio::spawn(mirror_inputs(self.js.clone(), self.backend.clone(), patterns)));
+                        listing = Some(tokio::spawn(mirror_inputs(self.nats.clone(), self.backend.clone(), patterns)));
                     }
                     continue;
                 }
@@ -218,29 +218,17 @@ impl Notifier {
     }
 }
 
-/// Mirrors every bucket the notice and plan inputs name: the names at once, and for a pattern
-/// each bucket on the bus it matches (a provider installed or a node composing later is found
-/// within [`LIST_EVERY`]). Buckets that do not exist are never mirrored.
-async fn mirror_inputs(js: async_nats::jetstream::Context, backend: Arc<dyn Backend>, patterns: Vec<String>) {
-    let mut buckets: Vec<String> = patterns.iter().filter(|p| !p.contains('*')).cloned().collect();
-    if patterns.iter().any(|p| p.contains('*')) {
-        let mut names = js.stream_names();
-        while let Some(name) = names.next().await {
-            match name {
-                Ok(stream) => {
-                    if let Some(bucket) = stream.strip_prefix("KV_") {
-                        if patterns.iter().any(|p| p.contains('*') && bucket_matches(p, bucket)) && buckets.len() < crate::nats::MAX_MIRRORS {
-                            buckets.push(bucket.to_string());
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!("listing the buckets notices and plans come from: {e}");
-                    break;
-                }
-            }
+/// Mirrors every bucket the notice and plan inputs name that is on the bus (a provider
+/// installed or a node composing later is found within [`LIST_EVERY`]). Buckets that do not
+/// exist are never mirrored.
+async fn mirror_inputs(nats: Arc<crate::nats::NatsBackend>, backend: Arc<dyn Backend>, patterns: Vec<String>) {
+    let buckets = match nats.buckets_matching(&patterns).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!("listing the buckets notices and plans come from: {e}");
+            return;
         }
-    }
+    };
     for b in buckets {
         if let Err(e) = backend.mirror(&b).await {
             tracing::debug!(bucket = b, "not mirrored yet: {e}");

@@ -101,7 +101,7 @@ pub async fn run(args: Serve) -> Result<()> {
     let notices = tokio::spawn(
         crate::notices::Notifier {
             client: client.clone(),
-            js: nats.jetstream().clone(),
+            nats: nats.clone(),
             backend: backend.clone(),
             current: current.clone(),
             events: nats.events().clone(),
