@@ -4,7 +4,9 @@
 //! Everything here is plain Rust over the [`env::Env`] trait, so it compiles and is tested
 //! natively too; `bindings` (wasm only) is the thin layer that ties `Env` to the WIT imports and
 //! the WIT exports to these functions. This crate does no I/O and knows nothing of NATS: it
-//! reads and writes only through `Env`.
+//! reads and writes only through `Env`. It has no `unsafe`: only the generated bindings, which
+//! the native build (tests, fuzzing) never compiles, may use it.
+#![deny(unsafe_code)]
 
 pub mod env;
 pub mod escape;
@@ -23,8 +25,10 @@ pub mod value;
 pub mod verb;
 
 #[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
 mod bindings;
 #[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
 mod fixture;
 
 /// The program's name, as build info reports it.

@@ -83,6 +83,13 @@ impl<'de> Deserialize<'de> for Fields {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
             }
+            // serde's own message for any other JSON quotes the value whole: say only what it is.
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Fields, E> {
+                Err(E::custom("a string, not a JSON object"))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Fields, A::Error> {
+                Err(serde::de::Error::custom("an array, not a JSON object"))
+            }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
                 let mut fields: Vec<(String, Value)> = Vec::new();
                 while let Some((k, v)) = map.next_entry::<String, Value>()? {
@@ -94,7 +101,7 @@ impl<'de> Deserialize<'de> for Fields {
                 Ok(Fields(fields))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_any(V)
     }
 }
 
@@ -274,6 +281,15 @@ mod tests {
 
     fn json_after(key: &str) -> String {
         serde_json::json!({ "after": key }).to_string()
+    }
+
+    #[test]
+    fn says_what_a_body_that_is_not_an_object_is_without_quoting_it() {
+        let long = format!("\"{}\"", "\\\\".repeat(2000));
+        let e = parse(long.as_bytes()).unwrap_err();
+        assert!(e.contains("a string, not a JSON object") && e.len() < 200, "{e}");
+        assert!(parse(b"[1,2]").unwrap_err().contains("an array, not a JSON object"));
+        assert!(parse(b"7").unwrap_err().contains("one JSON object"));
     }
 
     #[test]

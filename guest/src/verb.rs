@@ -41,11 +41,14 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// An error reply. However long `message` is (it may quote a requester's or a writer's
+    /// bytes), the reply fits the smallest budget: a message whose escaped form is longer than
+    /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
     pub fn error(code: Code, message: &str) -> Reply {
         let mut s = String::from("{\"error\":{\"code\":\"");
         s.push_str(code.name());
         s.push_str("\",\"message\":");
-        push_str(&mut s, message);
+        push_str(&mut s, &within_message(message));
         s.push_str("}}");
         Reply { code, body: s.into_bytes() }
     }
@@ -62,6 +65,27 @@ impl Reply {
 
 /// Smallest reply budget honoured: below this not even one out-of-shape line would fit.
 pub const MIN_REPLY: u32 = 4096;
+
+/// The most bytes an error message takes in a reply, escaped (well under [`MIN_REPLY`]).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `message`, cut so that its JSON-escaped form takes at most [`MAX_MESSAGE`] bytes.
+fn within_message(message: &str) -> std::borrow::Cow<'_, str> {
+    let escaped_len = |c: char| match c {
+        '"' | '\\' | '\n' | '\r' | '\t' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    };
+    let (mut used, mut end) = (0, 0);
+    for (i, c) in message.char_indices() {
+        used += escaped_len(c);
+        if used > MAX_MESSAGE - 3 {
+            return format!("{}…", &message[..end]).into();
+        }
+        end = i + c.len_utf8();
+    }
+    message.into()
+}
 
 /// Answers one request of `verb`.
 pub fn handle(env: &dyn Env, verb: &str, body: &[u8], max_reply: u32) -> Reply {
@@ -308,4 +332,21 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
     }
     body.push('}');
     Reply { code: Code::Ok, body: body.into_bytes() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_fits_the_smallest_reply_whatever_its_message_quotes() {
+        for message in ["\"".repeat(5000), "\u{1}".repeat(5000), "é".repeat(5000), "x".repeat(MAX_MESSAGE - 3)] {
+            let r = Reply::error(Code::BadRequest, &message);
+            assert!(r.body.len() <= MIN_REPLY as usize, "{} bytes", r.body.len());
+            let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+            let said = v["error"]["message"].as_str().expect("a message");
+            assert!(message.starts_with(said.trim_end_matches('…')), "{said}");
+            assert_eq!(said.ends_with('…'), said.len() < message.len());
+        }
+    }
 }

@@ -63,11 +63,6 @@ async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: 
     count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
     let js = bus.js(&format!("node-{node}")).await;
@@ -336,10 +331,10 @@ async fn main() {
     }
     let query = br#"{"what":"needs","node":"alpha","module":"m000420"}"#;
 
-    let rss0 = rss_kib(pid);
+    let rss0 = tests::rss_kib(pid);
     let mut raw = fill(&bus, "alpha", 0, 1000).await;
     wait_for(&c, "alpha", 999).await;
-    println!("needs at 10 000 keys (host RSS {} MiB)", rss_kib(pid) / 1024);
+    println!("needs at 10 000 keys (host RSS {} MiB)", tests::rss_kib(pid) / 1024);
     measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
     measure_status("10k", &c, &sized, &pings, 1000).await;
     bus.js("provider-postgres").await.create_key_value(async_nats::jetstream::kv::Config { bucket: "postgres_bound".into(), ..Default::default() }).await.expect("bound bucket");
@@ -366,7 +361,7 @@ async fn main() {
     let label = format!("{}k", keys / 1000);
     measure(&label, &c, &sized, "mesh-provisioner.provisioning", query).await;
     measure_status(&label, &c, &sized, &pings, 10_000.min(per_node)).await;
-    let rss1 = rss_kib(pid);
+    let rss1 = tests::rss_kib(pid);
     // The last-token index is built by the first holders query after a restart of the mirror;
     // here it was built at 10k and kept up to date: what it costs shows in the RSS above.
     measure_holders(&label, &bus, &c, &sized, "small", 1000).await;

@@ -14,12 +14,6 @@ fn spawn(bus: &Bus, name: &str) -> Host {
     Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", TTL, "--instance", name])
 }
 
-async fn holder(bus: &Bus) -> Option<String> {
-    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-    let v = kv.get("holder").await.ok()??;
-    serde_json::from_slice::<Value>(&v).ok()?["instance"].as_str().map(str::to_string)
-}
-
 async fn until_answering(c: &async_nats::Client) -> Duration {
     let start = Instant::now();
     while !matches!(ask_within(c, b"{}", Duration::from_millis(500)).await, Ok((None, _))) {
@@ -39,7 +33,7 @@ async fn main() {
     let mut times = Vec::new();
     for round in 0..20 {
         tokio::time::sleep(Duration::from_millis(800)).await;
-        let held = holder(&bus).await.expect("a holder");
+        let held = bus.seat_holder().await.expect("a holder");
         let at = hosts.iter().position(|(n, _)| *n == held).expect("holder is ours");
         let (_, victim) = hosts.remove(at);
         victim.signal("KILL");

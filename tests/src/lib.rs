@@ -108,3 +108,9 @@ fn list(v: &Value, field: &str) -> Vec<String> {
         .map(|e| e["key"].as_str().unwrap_or_default().to_string())
         .collect()
 }
+
+/// The resident memory of process `pid` in KiB (0 when it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}

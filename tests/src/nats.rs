@@ -122,6 +122,13 @@ impl Bus {
         }
     }
 
+    /// The instance the seat's lease names, if any.
+    pub async fn seat_holder(&self) -> Option<String> {
+        let kv = self.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
+        let v = kv.get("holder").await.ok()??;
+        serde_json::from_slice::<serde_json::Value>(&v).ok()?["instance"].as_str().map(str::to_string)
+    }
+
     /// Writes `key` = `value` into `bucket` as `user`.
     pub async fn put(&self, user: &str, bucket: &str, key: &str, value: &[u8]) -> u64 {
         let kv = self.js(user).await.get_key_value(bucket).await.unwrap_or_else(|e| panic!("{user} opens {bucket}: {e}"));

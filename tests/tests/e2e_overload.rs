@@ -11,17 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tests::nats::{ask_within, Bus, Host};
 
-fn rss_mib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) / 1024
-}
-
-async fn holder(bus: &Bus) -> Option<String> {
-    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-    let v = kv.get("holder").await.ok()??;
-    serde_json::from_slice::<Value>(&v).ok()?["instance"].as_str().map(str::to_string)
-}
-
 #[derive(Default)]
 struct Tally {
     answered: AtomicU64,
@@ -38,8 +27,8 @@ async fn a_flood_is_shed_fast_and_the_server_recovers() {
     for i in 0..50 {
         bus.put("node-alpha", "mesh-provisioner_needs", &format!("alpha.m{i:02}.config.url"), b"{}").await;
     }
-    let before = rss_mib(pid);
-    assert_eq!(holder(&bus).await.as_deref(), Some("flooded"));
+    let before = tests::rss_kib(pid) / 1024;
+    assert_eq!(bus.seat_holder().await.as_deref(), Some("flooded"));
 
     let (tally, stop) = (Arc::new(Tally::default()), Arc::new(AtomicBool::new(false)));
     let mut tasks = Vec::new();
@@ -62,8 +51,8 @@ async fn a_flood_is_shed_fast_and_the_server_recovers() {
     let (start, mut peak, mut seat_kept) = (Instant::now(), before, true);
     while start.elapsed() < Duration::from_secs(secs) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        peak = peak.max(rss_mib(pid));
-        seat_kept &= holder(&bus).await.as_deref() == Some("flooded");
+        peak = peak.max(tests::rss_kib(pid) / 1024);
+        seat_kept &= bus.seat_holder().await.as_deref() == Some("flooded");
     }
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -71,7 +60,7 @@ async fn a_flood_is_shed_fast_and_the_server_recovers() {
     }
     let (answered, overloaded, other) = (tally.answered.load(Ordering::Relaxed), tally.overloaded.load(Ordering::Relaxed), tally.other.load(Ordering::Relaxed));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = rss_mib(pid);
+    let after = tests::rss_kib(pid) / 1024;
     let client = bus.client("node-alpha").await;
     let t = Instant::now();
     let next = ask_within(&client, br#"{"what":"needs","node":"alpha","module":"m07"}"#, Duration::from_secs(1)).await;

@@ -54,13 +54,6 @@ async fn registry_until(bus: &Bus, has: &str, lacks: &str) {
     }
 }
 
-/// The instance the lease names, if any.
-async fn holder(bus: &Bus) -> Option<String> {
-    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-    let v = kv.get("holder").await.ok()??;
-    serde_json::from_slice::<Value>(&v).ok()?["instance"].as_str().map(str::to_string)
-}
-
 /// Every instance answering `$SRV.PING.mesh-provisioner` within 300 ms.
 async fn pingers(c: &Client) -> Vec<String> {
     let inbox = c.new_inbox();
@@ -108,7 +101,7 @@ async fn of_three_instances_started_together_exactly_one_holds_the_seat_and_answ
     let c = bus.client("node-alpha").await;
     until_answering(&c, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let held = holder(&bus).await.expect("someone holds the seat");
+    let held = bus.seat_holder().await.expect("someone holds the seat");
     let answering = pingers(&c).await;
     assert_eq!(answering, vec![held.clone()], "exactly the holder answers");
     // The registry was written once, by the holder only.
@@ -124,7 +117,7 @@ async fn a_killed_holder_is_replaced_within_the_ttl_and_a_renewal() {
     let hosts: Vec<Host> = ["one", "two"].iter().map(|n| spawn(&bus, n, &[])).collect();
     let c = bus.client("node-alpha").await;
     until_answering(&c, Duration::from_secs(30)).await;
-    let first = holder(&bus).await.expect("a holder");
+    let first = bus.seat_holder().await.expect("a holder");
     let i = if first == "one" { 0 } else { 1 };
     let killed = Instant::now();
     hosts[i].signal("KILL");
@@ -139,7 +132,7 @@ async fn a_killed_holder_is_replaced_within_the_ttl_and_a_renewal() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = killed.elapsed();
-    let second = holder(&bus).await.expect("a new holder");
+    let second = bus.seat_holder().await.expect("a new holder");
     assert_ne!(second, first);
     assert_eq!(pingers(&c).await, vec![second]);
     println!("failover after SIGKILL: {took:?} (TTL {TTL})");
@@ -157,14 +150,14 @@ async fn a_paused_holder_finds_it_lost_the_seat_and_writes_nothing() {
     let paused = spawn_with(&bus, "one", &v2, TTL, &["--registry-every", "1s"]);
     let c = bus.client("node-alpha").await;
     until_answering(&c, Duration::from_secs(30)).await;
-    assert_eq!(holder(&bus).await.as_deref(), Some("one"));
+    assert_eq!(bus.seat_holder().await.as_deref(), Some("one"));
     registry_until(&bus, "archive", "machine").await;
     let other = spawn(&bus, "two", &["--registry-every", "1s"]);
     log_shows(&other, "standing by").await;
 
     paused.signal("STOP");
     let start = Instant::now();
-    while holder(&bus).await.as_deref() != Some("two") {
+    while bus.seat_holder().await.as_deref() != Some("two") {
         assert!(start.elapsed() < Duration::from_secs(15), "the standby never took the seat:\n{}", other.log_text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -189,20 +182,20 @@ async fn a_standby_with_a_short_ttl_judges_the_lease_by_the_holders_ttl() {
     let long = spawn_with(&bus, "long", &tests::component_path(), "6s", &[]);
     let c = bus.client("node-alpha").await;
     until_answering(&c, Duration::from_secs(30)).await;
-    assert_eq!(holder(&bus).await.as_deref(), Some("long"));
+    assert_eq!(bus.seat_holder().await.as_deref(), Some("long"));
     let short = spawn_with(&bus, "short", &tests::component_path(), "1s", &[]);
     log_shows(&short, "standing by").await;
     // The holder renews every 2 s; a standby judging by its own 1 s would take the seat at once.
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
-        assert_eq!(holder(&bus).await.as_deref(), Some("long"), "a live holder lost its seat:\n{}", short.log_text());
+        assert_eq!(bus.seat_holder().await.as_deref(), Some("long"), "a live holder lost its seat:\n{}", short.log_text());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(pingers(&c).await, vec!["long".to_string()]);
     // It still takes over once the holder is gone: within the holder's TTL and a renewal.
     long.signal("KILL");
     let killed = Instant::now();
-    while holder(&bus).await.as_deref() != Some("short") {
+    while bus.seat_holder().await.as_deref() != Some("short") {
         assert!(killed.elapsed() < Duration::from_secs(12), "the standby never took over:\n{}", short.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
