@@ -5,11 +5,14 @@
 //! query costs in proportion to its answer, not to the bucket. A filter that starts with a
 //! wildcard but ends in a literal token (`*.*.bound.postgres=2Edb`: who holds a value) is
 //! answered from an index by last token instead, built the first time such a filter is asked
-//! and kept up to date from then on (a bucket never asked that way pays nothing for it).
+//! and kept up to date from then on (a bucket never asked that way pays nothing for it). The
+//! index is one ordered set of (hash of the last token, key): a slot per key, whatever the
+//! tokens, so a writer who makes every last token unique costs it no more than one who does not.
 //! Matching a subject filter is NATS subject syntax, not a key shape: the host never parses what
 //! a key means.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -46,11 +49,35 @@ pub struct Page {
     pub entries: Vec<Entry>,
     pub more: bool,
     pub revision: u64,
+    /// The bytes (keys and values) of `entries`.
+    bytes: usize,
 }
 
-/// The keys of a mirror by their last subject token, in key order. The keys are shared with
-/// the mirror's map, so an indexed key costs a pointer and a tree slot, not a copy.
-type ByLast = HashMap<Box<str>, BTreeSet<Arc<str>>>;
+/// The keys of a mirror by the hash of their last subject token, then in key order. The keys
+/// are shared with the mirror's map, so an indexed key costs a pointer, a hash and a tree slot,
+/// not a copy. Keys whose last tokens collide share a hash: a scan checks each key's token.
+#[derive(Debug, Default)]
+struct ByLast {
+    keys: BTreeSet<(u64, Arc<str>)>,
+    /// Per mirror, so no writer can aim keys at one hash.
+    hasher: RandomState,
+}
+
+impl ByLast {
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(last_token(key))
+    }
+
+    fn insert(&mut self, key: &Arc<str>) {
+        self.keys.insert((self.hash(key), key.clone()));
+    }
+
+    fn remove(&mut self, key: &str) {
+        // Removal needs an owned probe: the tree's keys are (hash, Arc<str>).
+        let probe = (self.hash(key), Arc::<str>::from(key));
+        self.keys.remove(&probe);
+    }
+}
 
 fn last_token(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
@@ -122,7 +149,7 @@ impl Mirror {
         }
         let key: Arc<str> = key.into();
         if let Some(index) = s.by_last.as_mut() {
-            index.entry(last_token(&key).into()).or_default().insert(key.clone());
+            index.insert(&key);
         }
         s.entries.insert(key, stored);
     }
@@ -133,13 +160,7 @@ impl Mirror {
         s.revision = s.revision.max(revision);
         if s.entries.remove(key).is_some() {
             if let Some(index) = s.by_last.as_mut() {
-                let last = last_token(key);
-                if let Some(set) = index.get_mut(last) {
-                    set.remove(key);
-                    if set.is_empty() {
-                        index.remove(last);
-                    }
-                }
+                index.remove(key);
             }
         }
     }
@@ -246,23 +267,28 @@ impl Mirror {
         if self.read().by_last.is_none() {
             let mut s = self.write();
             if s.by_last.is_none() {
-                let mut index = ByLast::new();
+                let mut index = ByLast::default();
                 for key in s.entries.keys() {
-                    index.entry(last_token(key).into()).or_default().insert(key.clone());
+                    index.insert(key);
                 }
                 s.by_last = Some(index);
             }
         }
         let s = self.read();
         let mut page = Page { revision: s.revision, ..Page::default() };
-        let Some(keys) = s.by_last.as_ref().and_then(|index| index.get(last)) else {
+        let Some(index) = s.by_last.as_ref() else {
             return page;
         };
-        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let hash = index.hasher.hash_one(last);
+        let start = (hash, Arc::<str>::from(after.unwrap_or("")));
+        let start = if after.is_some() { Bound::Excluded(&start) } else { Bound::Included(&start) };
         let mut visited = 0;
-        for key in keys.range::<str, _>((start, Bound::Unbounded)) {
+        for (h, key) in index.keys.range((start, Bound::Unbounded)) {
+            if *h != hash {
+                break;
+            }
             visited += 1;
-            if !matches(pattern, key) {
+            if last_token(key) != last || !matches(pattern, key) {
                 continue;
             }
             let Some(v) = s.entries.get(key) else { continue };
@@ -280,11 +306,11 @@ impl Mirror {
 impl Page {
     /// Whether adding this entry would take the page past [`MAX_PAGE_BYTES`] (never the first).
     fn full(&self, key: &str, value: &[u8]) -> bool {
-        let held: usize = self.entries.iter().map(|e| e.key.len() + e.value.len()).sum();
-        !self.entries.is_empty() && held + key.len() + value.len() > MAX_PAGE_BYTES
+        !self.entries.is_empty() && self.bytes + key.len() + value.len() > MAX_PAGE_BYTES
     }
 
     fn push(&mut self, key: &str, v: &Stored) {
+        self.bytes += key.len() + v.value.len();
         self.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
     }
 }
