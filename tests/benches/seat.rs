@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tests::nats::{ask_within, Bus, Host};
 
 const TTL: &str = "2s";
