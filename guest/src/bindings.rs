@@ -83,6 +83,10 @@ impl Env for Imports {
     fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
         kept_plans::save(node, module, plan).map_err(host_error)
     }
+
+    fn keep_failure(&self, node: &str, module: &str) -> Option<String> {
+        kept_plans::last_failure(node, module)
+    }
 }
 
 struct Component;

@@ -71,4 +71,6 @@ pub trait Env {
     fn load_plan(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>, HostError>;
     /// Keeps `plan` for `module` on `node`.
     fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError>;
+    /// Why the last attempt to keep the plan of `module` on `node` failed, if it did.
+    fn keep_failure(&self, node: &str, module: &str) -> Option<String>;
 }

@@ -77,6 +77,9 @@ impl Env for MemEnv {
     fn save_plan(&self, _: &str, _: &str, _: &[u8]) -> Result<(), HostError> {
         Ok(())
     }
+    fn keep_failure(&self, _: &str, module: &str) -> Option<String> {
+        (module == "app").then(|| "No space left on device".into())
+    }
 }
 
 /// The reply of `verb` to `body` over `env`: JSON, within `budget`, an error body for every code

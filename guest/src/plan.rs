@@ -153,6 +153,10 @@ pub struct Plan {
     pub entries: Vec<Entry>,
     /// A newly published plan for the first entry that differs from the kept one.
     pub to_keep: Option<Kept>,
+    /// Why the host could not keep this module's plan the last time it tried (its state
+    /// directory read-only or full): until it can, a refusal after a restart holds the module
+    /// on an older plan, or leaves it waiting.
+    pub not_kept: Option<String>,
 }
 
 /// Whether `key` of `bucket` holds a record, and its `field` read as a build.
@@ -297,6 +301,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         newest: named(&newest),
         entries,
         to_keep,
+        not_kept: env.keep_failure(node, module),
     })
 }
 
@@ -337,6 +342,10 @@ impl Plan {
         let mut o = Obj::new(&mut out);
         o.str("node", &self.node).str("module", &self.module).str("state", state.name()).opt_str("reason", reason.as_deref());
         o.opt_str("want", self.want.as_deref()).opt_str("have", self.have.as_deref()).opt_str("newest", self.newest.as_deref());
+        if let Some(why) = &self.not_kept {
+            let said = format!("the host could not keep this plan ({why}); it tries again, and until it can, a refusal after a restart holds the module on an older plan or leaves it waiting");
+            o.str("not_kept", &said);
+        }
         o.with("entries", |out| {
             push_list(out, &self.entries, |out, e| {
                 let mut o = Obj::new(out);

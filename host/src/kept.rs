@@ -30,17 +30,21 @@ const MAX_FILE_NAME: usize = 255;
 pub struct KeptPlans {
     dir: Option<PathBuf>,
     memory: Mutex<HashMap<(String, String), Vec<u8>>>,
+    /// Why the last save of a module failed, until one succeeds: the plan verb says so. Only
+    /// modules whose plan changed while the directory failed are here, and a success removes
+    /// them, so it holds no more than the mesh's modules.
+    failures: Mutex<HashMap<(String, String), String>>,
 }
 
 impl KeptPlans {
     /// Plans kept as files under `dir` (created on first save).
     pub fn files(dir: impl Into<PathBuf>) -> Self {
-        KeptPlans { dir: Some(dir.into()), memory: Mutex::default() }
+        KeptPlans { dir: Some(dir.into()), memory: Mutex::default(), failures: Mutex::default() }
     }
 
     /// Plans kept in memory only, gone with the process.
     pub fn memory() -> Self {
-        KeptPlans { dir: None, memory: Mutex::default() }
+        KeptPlans { dir: None, memory: Mutex::default(), failures: Mutex::default() }
     }
 
     /// The file of `module` on `node`, both checked to be plain file names first.
@@ -72,8 +76,25 @@ impl KeptPlans {
             m.insert((node.to_string(), module.to_string()), plan.to_vec());
             return Ok(());
         };
-        write_atomically(&path, &encode(plan))
-            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("keeping {}: {e}", path.display())))
+        let written = write_atomically(&path, &encode(plan));
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        match written {
+            Ok(()) => {
+                failures.remove(&(node.to_string(), module.to_string()));
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!("keeping {}: {e}", path.display());
+                failures.insert((node.to_string(), module.to_string()), why.clone());
+                Err(Error::new(ErrorKind::Unavailable, why))
+            }
+        }
+    }
+
+    /// Why the last save of `module` on `node` failed, if it did (and none succeeded since).
+    pub fn last_failure(&self, node: &str, module: &str) -> Option<String> {
+        let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures.get(&(node.to_string(), module.to_string())).cloned()
     }
 }
 

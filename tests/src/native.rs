@@ -42,4 +42,7 @@ impl Env for Native {
     fn save_plan(&self, node: &str, module: &str, plan: &[u8]) -> Result<(), HostError> {
         self.0.kept().save(node, module, plan).map_err(|e| HostError::Unavailable(e.to_string()))
     }
+    fn keep_failure(&self, node: &str, module: &str) -> Option<String> {
+        self.0.kept().last_failure(node, module)
+    }
 }

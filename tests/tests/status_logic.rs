@@ -138,6 +138,9 @@ impl Env for NoDiscovery {
     fn save_plan(&self, n: &str, m: &str, p: &[u8]) -> Result<(), HostError> {
         self.0.save_plan(n, m, p)
     }
+    fn keep_failure(&self, n: &str, m: &str) -> Option<String> {
+        self.0.keep_failure(n, m)
+    }
 }
 
 #[test]

@@ -103,6 +103,10 @@ impl kept_plans::Host for Ctx {
     async fn save(&mut self, node: String, module: String, plan: Vec<u8>) -> R<()> {
         Ok(self.backend.kept().save(&node, &module, &plan).map_err(host_error))
     }
+
+    async fn last_failure(&mut self, node: String, module: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.backend.kept().last_failure(&node, &module))
+    }
 }
 
 impl log::Host for Ctx {
