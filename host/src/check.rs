@@ -8,7 +8,7 @@ use crate::runtime::{Limits, Runtime};
 
 /// Prints the registry compiled into the component, one kind a line.
 pub async fn registry(component: &Path) -> Result<()> {
-    let loaded = crate::serve::load(&Runtime::new()?, component, None, None, Limits::default()).await?;
+    let loaded = crate::reload::load(&Runtime::new()?, component, None, None, Limits::default()).await?;
     for (kind, value) in loaded.guest.compile_registry(MemoryBackend::new(), Limits::default()).await? {
         println!("{kind:<14} {}", String::from_utf8_lossy(&value));
     }

@@ -82,14 +82,16 @@ pub fn free_port() -> Result<u16> {
     l.local_addr().map(|a| a.port()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
 }
 
-/// A random password from the OS.
+/// A random password from the OS: 144 bits, as hex.
 pub fn random_password() -> Result<String> {
-    let mut bytes = [0u8; 18];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| Error::new(ErrorKind::Config, format!("reading /dev/urandom: {e}")))?;
-    Ok(hex::encode(bytes))
+    random_bytes::<18>().map(hex::encode)
+}
+
+/// `N` random bytes from the OS (`getrandom`).
+pub fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| Error::new(ErrorKind::Config, format!("the OS gave no random bytes: {e}")))?;
+    Ok(bytes)
 }
 
 /// A running `nats-server`, stopped when dropped.

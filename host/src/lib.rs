@@ -6,6 +6,7 @@
 //! live in the guest only.
 
 pub mod backend;
+pub mod bucket;
 pub mod changes;
 pub mod check;
 pub mod cli;
@@ -30,4 +31,4 @@ pub mod service;
 pub mod trust;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.3.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.4.0";

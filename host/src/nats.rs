@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 
 use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
+use crate::bucket::{bucket_config, open_bucket};
 use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::kept::KeptPlans;
@@ -283,34 +284,6 @@ impl NatsBackend {
             _ => Ok(()),
         }
     }
-}
-
-/// Opens `config.bucket`, or creates it with `config`, retrying for a while: a cluster's
-/// JetStream may still be electing.
-pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store> {
-    let start = Instant::now();
-    loop {
-        let opened = match js.get_key_value(config.bucket.as_str()).await {
-            Ok(kv) => Ok(kv),
-            Err(_) => js
-                .create_key_value(config.clone())
-                .await
-                .map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", config.bucket))),
-        };
-        match opened {
-            Ok(kv) => return Ok(kv),
-            Err(e) if start.elapsed() < Duration::from_secs(60) => {
-                tracing::info!(bucket = config.bucket, "bucket not ready yet: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// A bucket's settings: `history` values kept per key, `replicas` copies.
-fn bucket_config(bucket: &str, description: &str, history: i64, replicas: usize) -> kv::Config {
-    kv::Config { bucket: bucket.to_string(), description: description.to_string(), history, num_replicas: replicas, ..Default::default() }
 }
 
 /// Whether `bucket` exists; an error only when the bus cannot say.

@@ -146,3 +146,21 @@ impl Reloader {
         }
     }
 }
+
+/// Reads (as trusted code: see [`crate::trust`]), compiles (or takes from `cache`),
+/// type-checks and smoke-runs a component.
+pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std::path::Path>, trust: Option<&crate::trust::TrustKey>, limits: Limits) -> Result<Loaded> {
+    let bytes = crate::trust::read_component(path, trust)?;
+    let started = std::time::Instant::now();
+    let loaded = prepare(runtime, &bytes, cache, limits).await?;
+    tracing::info!(
+        component = %path.display(),
+        digest = loaded.guest.digest(),
+        version = loaded.info.version,
+        wit = loaded.info.wit_version,
+        from_cache = loaded.guest.from_cache(),
+        elapsed = ?started.elapsed(),
+        "component loaded"
+    );
+    Ok(loaded)
+}

@@ -39,7 +39,7 @@ pub struct Seat {
 impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
-        let kv = crate::nats::open_bucket(
+        let kv = crate::bucket::open_bucket(
             js,
             kv::Config {
                 bucket: SEAT_BUCKET.into(),

@@ -1,16 +1,19 @@
 //! `serve`: load the component, reach the bus (or start the embedded one), open the buckets,
 //! reconcile the registry at start and on a timer, and serve the verbs until a signal.
+//!
+//! [`run`] is its steps in order, each a function below: [`connect`], [`open`], [`start`] (the
+//! tasks), [`serve_while_held`], [`shut_down`]. Everything it starts is stopped on the way out.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::backend::Backend;
 use crate::cli::Serve;
 use crate::connect::{self, PROVISIONER_USER};
-use crate::current::{Current, Loaded};
+use crate::current::Current;
 use crate::embedded::{self, Access, Server};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nats::NatsBackend;
@@ -19,22 +22,31 @@ use crate::runtime::{Limits, Runtime};
 use crate::seat::Seat;
 
 pub async fn run(args: Serve) -> Result<()> {
-    if args.seat_ttl < Duration::from_millis(500) {
+    if args.seat_ttl < std::time::Duration::from_millis(500) {
         return Err(Error::new(ErrorKind::Config, "--seat-ttl must be at least 500ms"));
     }
     let limits = Limits { deadline: args.guest_deadline, memory: (args.guest_memory as usize) << 20 };
-    let state = &args.connect.state_dir;
-    crate::trust::private_dir(state)?;
+    crate::trust::private_dir(&args.connect.state_dir)?;
     let trust = match &args.trust_key {
         Some(k) => Some(crate::trust::TrustKey::parse(k)?),
         None => None,
     };
-
     let runtime = Runtime::new()?;
-    let current = Current::new(load(&runtime, &args.component, Some(&state.join("components")), trust.as_ref(), limits).await?);
+    let cache = args.connect.state_dir.join("components");
+    let current = Current::new(crate::reload::load(&runtime, &args.component, Some(&cache), trust.as_ref(), limits).await?);
 
-    let mut embedded: Option<Server> = None;
-    // Every (re)connection to the bus after the first bumps this.
+    let (bus, embedded, reconnections) = connect(&args).await?;
+    let opened = open(&args, bus, current).await?;
+    let tasks = start(&args, &opened, reconnections, runtime, trust, limits);
+    let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref(), limits).await;
+    shut_down(tasks, &opened, embedded).await;
+    served
+}
+
+/// Reaches the bus named by `--nats-url`, or starts the embedded `nats-server` (recording how to
+/// reach it in the state directory). Also returns a counter bumped on every (re)connection.
+async fn connect(args: &Serve) -> Result<(async_nats::Client, Option<Server>, watch::Receiver<u64>)> {
+    let state = &args.connect.state_dir;
     let (events_tx, events) = watch::channel(0u64);
     let on_event = move |event: async_nats::Event| {
         let tx = events_tx.clone();
@@ -47,39 +59,45 @@ pub async fn run(args: Serve) -> Result<()> {
             }
         }
     };
-    let client = match &args.connect.nats_url {
-        Some(url) => {
-            if args.demo {
-                return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
-            }
-            connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?
+    if let Some(url) = &args.connect.nats_url {
+        if args.demo {
+            return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
-        None => {
-            let dir = state.join("nats");
-            // Keep the passwords of an earlier run, so its data stays reachable.
-            let passwords = Access::load(state).ok().map(|a| a.passwords);
-            let server = Server::start(&dir, args.embedded_port, passwords).await?;
-            let access = server.access.clone();
-            let text = serde_json::to_vec_pretty(&access).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
-            embedded::write_private(&Access::path(state), &text)
-                .map_err(|e| Error::new(ErrorKind::Config, format!("recording the embedded server: {e}")))?;
-            tracing::info!(
-                url = %access.url,
-                user = PROVISIONER_USER,
-                credentials = %Access::path(state).display(),
-                "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
-                state.display()
-            );
-            let password = access.password(PROVISIONER_USER).unwrap_or_default().to_string();
-            let o = async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password)
-                .name("mesh-provisioner")
-                .event_callback(on_event);
-            embedded = Some(server);
-            connect::connect(&access.url, o).await?
-        }
-    };
+        let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?;
+        return Ok((client, None, events));
+    }
+    let dir = state.join("nats");
+    // Keep the passwords of an earlier run, so its data stays reachable.
+    let passwords = Access::load(state).ok().map(|a| a.passwords);
+    let server = Server::start(&dir, args.embedded_port, passwords).await?;
+    let access = server.access.clone();
+    let text = serde_json::to_vec_pretty(&access).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+    embedded::write_private(&Access::path(state), &text).map_err(|e| Error::new(ErrorKind::Config, format!("recording the embedded server: {e}")))?;
+    tracing::info!(
+        url = %access.url,
+        user = PROVISIONER_USER,
+        credentials = %Access::path(state).display(),
+        "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
+        state.display()
+    );
+    let password = access.password(PROVISIONER_USER).unwrap_or_default().to_string();
+    let o = async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password).name("mesh-provisioner").event_callback(on_event);
+    let client = connect::connect(&access.url, o).await?;
+    Ok((client, Some(server), events))
+}
 
-    let kept = crate::kept::KeptPlans::files(state.join("plans"));
+/// What serving stands on: the bus, the backend over it, the seat, the loaded component.
+struct Opened {
+    client: async_nats::Client,
+    nats: Arc<NatsBackend>,
+    backend: Arc<dyn Backend>,
+    seat: Arc<Seat>,
+    current: Arc<Current>,
+}
+
+/// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
+async fn open(args: &Serve, client: async_nats::Client, current: Arc<Current>) -> Result<Opened> {
+    let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
     let nats = NatsBackend::open(client.clone(), args.replicas as usize, kept).await?;
     nats.follow_creations().await;
     let backend: Arc<dyn Backend> = nats.clone();
@@ -95,25 +113,40 @@ pub async fn run(args: Serve) -> Result<()> {
             tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }
     }
-    let seat_task = tokio::spawn(seat.clone().run());
-    let (reconciler, reconciling) = Reconciler::start(current.clone(), backend.clone(), seat.clone(), limits);
-    let plans = tokio::spawn(crate::plans::follow(current.clone(), backend.clone(), nats.changes().clone(), limits));
-    let notices = tokio::spawn(
+    Ok(Opened { client, nats, backend, seat, current })
+}
+
+/// The tasks that run while the process does, and how to stop them.
+struct Tasks {
+    reconciler: Reconciler,
+    stop: watch::Receiver<bool>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+/// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
+/// registry timer, the component watcher and the signal handler.
+fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::trust::TrustKey>, limits: Limits) -> Tasks {
+    let mut handles = Vec::new();
+    handles.push(tokio::spawn(o.seat.clone().run()));
+    let (reconciler, reconciling) = Reconciler::start(o.current.clone(), o.backend.clone(), o.seat.clone(), limits);
+    handles.push(reconciling);
+    handles.push(tokio::spawn(crate::plans::follow(o.current.clone(), o.backend.clone(), o.nats.changes().clone(), limits)));
+    handles.push(tokio::spawn(
         crate::notices::Notifier {
-            client: client.clone(),
-            nats: nats.clone(),
-            backend: backend.clone(),
-            current: current.clone(),
-            events: nats.events().clone(),
-            plan_inputs: nats.changes().clone(),
-            seat: seat.clone(),
+            client: o.client.clone(),
+            nats: o.nats.clone(),
+            backend: o.backend.clone(),
+            current: o.current.clone(),
+            events: o.nats.events().clone(),
+            plan_inputs: o.nats.changes().clone(),
+            seat: o.seat.clone(),
             limits,
         }
         .run(),
-    );
+    ));
 
     let (stop_tx, stop) = watch::channel(false);
-    tokio::spawn(async move {
+    handles.push(tokio::spawn(async move {
         let mut term = signal(SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
@@ -121,101 +154,99 @@ pub async fn run(args: Serve) -> Result<()> {
         }
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
-    });
+    }));
 
     // After a reconnect: mirrors replay, and the holder reconciles the registry.
-    let reconnects = {
-        let (nats, reconciler) = (nats.clone(), reconciler.clone());
-        let mut events = events;
-        tokio::spawn(async move {
-            while events.changed().await.is_ok() {
-                // The first connection is not a reconnection.
-                if *events.borrow_and_update() < 2 {
-                    continue;
-                }
-                tracing::info!("reconnected to the bus: resyncing mirrors");
-                nats.resync();
-                reconciler.request("reconnected");
+    let (nats, r) = (o.nats.clone(), reconciler.clone());
+    handles.push(tokio::spawn(async move {
+        while reconnections.changed().await.is_ok() {
+            // The first connection is not a reconnection.
+            if *reconnections.borrow_and_update() < 2 {
+                continue;
             }
-        })
-    };
+            tracing::info!("reconnected to the bus: resyncing mirrors");
+            nats.resync();
+            r.request("reconnected");
+        }
+    }));
 
-    let ticker = {
-        let (reconciler, every) = (reconciler.clone(), args.registry_every);
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(every);
+    let (r, every) = (reconciler.clone(), args.registry_every);
+    handles.push(tokio::spawn(async move {
+        let mut t = tokio::time::interval(every);
+        t.tick().await;
+        loop {
             t.tick().await;
-            loop {
-                t.tick().await;
-                reconciler.request("timer");
-            }
-        })
-    };
-    let watcher = tokio::spawn(
+            r.request("timer");
+        }
+    }));
+    handles.push(tokio::spawn(
         crate::reload::Reloader {
             path: args.component.clone(),
-            runtime: runtime.clone(),
-            current: current.clone(),
-            cache: state.join("components"),
+            runtime,
+            current: o.current.clone(),
+            cache: args.connect.state_dir.join("components"),
             limits,
             reconciler: reconciler.clone(),
             poll: !args.no_watch,
             trust,
         }
         .watch(),
-    );
+    ));
+    Tasks { reconciler, stop, handles }
+}
 
+/// Stands by while another instance holds the seat; while this one holds it, reconciles at once
+/// and serves the verbs until the seat is lost or a signal stops the process.
+async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Option<&Server>, limits: Limits) -> Result<()> {
     let mut demo_done = !args.demo;
-    let mut held = seat.subscribe();
-    let mut stopping = stop.clone();
-    let served = loop {
+    let mut held = o.seat.subscribe();
+    let mut stopping = tasks.stop.clone();
+    loop {
         if *stopping.borrow() {
-            break Ok(());
+            return Ok(());
         }
         if !*held.borrow_and_update() {
-            tracing::info!(instance = seat.instance(), "standing by: mirrors warm, component compiled");
+            tracing::info!(instance = o.seat.instance(), "standing by: mirrors warm, component compiled");
             tokio::select! {
                 _ = held.changed() => continue,
                 _ = stopping.changed() => continue,
             }
         }
         // Holding the seat: reconcile at once, then serve until the seat is lost or we stop.
-        let asked = reconciler.request("took the seat");
+        let asked = tasks.reconciler.request("took the seat");
         tokio::select! {
-            _ = reconciler.finished(asked) => {},
+            _ = tasks.reconciler.finished(asked) => {},
             _ = stopping.changed() => continue,
         }
         if !demo_done {
-            if let Some(server) = &embedded {
+            if let Some(server) = embedded {
                 crate::demo::write(&server.access).await?;
-                tracing::info!("demo mesh written: try `mesh-provisioner query needs --node alpha --state-dir {}`", state.display());
+                tracing::info!("demo mesh written: try `mesh-provisioner query needs --node alpha --state-dir {}`", args.connect.state_dir.display());
             }
             demo_done = true;
         }
-        let (mut lost, mut stop_now) = (seat.subscribe(), stop.clone());
+        let (mut lost, mut stop_now) = (o.seat.subscribe(), tasks.stop.clone());
         let until = async move {
             tokio::select! {
                 _ = async { while *lost.borrow_and_update() { if lost.changed().await.is_err() { break } } } => {},
                 _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
             }
         };
-        if let Err(e) = crate::service::serve(client.clone(), backend.clone(), current.clone(), Some(seat.clone()), limits, args.max_in_flight as usize, until).await {
-            break Err(e);
-        }
-    };
-    watcher.abort();
-    plans.abort();
-    notices.abort();
-    ticker.abort();
-    reconciling.abort();
-    reconnects.abort();
-    seat_task.abort();
-    seat.release().await;
-    let _ = client.drain().await;
+        crate::service::serve(o.client.clone(), o.backend.clone(), o.current.clone(), Some(o.seat.clone()), limits, args.max_in_flight as usize, until).await?;
+    }
+}
+
+/// Stops every task, gives the seat up (so a standby takes over at once), drains the
+/// connection and stops the embedded server.
+async fn shut_down(tasks: Tasks, o: &Opened, embedded: Option<Server>) {
+    for t in &tasks.handles {
+        t.abort();
+    }
+    o.seat.release().await;
+    let _ = o.client.drain().await;
     if let Some(server) = embedded {
         server.stop().await;
     }
-    served
 }
 
 /// `host-pid-tag`: unique per process, readable in the lease.
@@ -223,22 +254,4 @@ fn default_instance() -> Result<String> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "host".into());
     let tag: String = crate::embedded::random_password()?.chars().take(6).collect();
     Ok(format!("{}-{}-{tag}", host.trim(), std::process::id()))
-}
-
-/// Reads (as trusted code: see [`crate::trust`]), compiles (or takes from `cache`),
-/// type-checks and smoke-runs a component.
-pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std::path::Path>, trust: Option<&crate::trust::TrustKey>, limits: Limits) -> Result<Loaded> {
-    let bytes = crate::trust::read_component(path, trust)?;
-    let started = std::time::Instant::now();
-    let loaded = crate::reload::prepare(runtime, &bytes, cache, limits).await?;
-    tracing::info!(
-        component = %path.display(),
-        digest = loaded.guest.digest(),
-        version = loaded.info.version,
-        wit = loaded.info.wit_version,
-        from_cache = loaded.guest.from_cache(),
-        elapsed = ?started.elapsed(),
-        "component loaded"
-    );
-    Ok(loaded)
 }

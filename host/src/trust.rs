@@ -141,11 +141,7 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
 /// `mesh-provisioner keygen <secret-file>`: a new signing key, its secret written `0600`, its
 /// public key (for `--trust-key`) returned.
 pub fn keygen(secret: &Path) -> Result<String> {
-    let mut seed = [0u8; 32];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut seed))
-        .map_err(|e| Error::new(ErrorKind::Config, format!("reading /dev/urandom: {e}")))?;
+    let seed = crate::embedded::random_bytes::<32>()?;
     let key = SigningKey::from_bytes(&seed);
     crate::embedded::write_private(secret, hex::encode(seed).as_bytes())
         .map_err(|e| Error::new(ErrorKind::Config, format!("writing {}: {e}", secret.display())))?;
