@@ -61,17 +61,16 @@ impl PartialEq for Body {
 }
 
 impl Body {
-    /// Reads a plan: an object whose `needs`, if present, is a list.
+    /// Reads a plan: an object whose `needs`, if present, is a list. The whole plan is read as
+    /// JSON, not only `needs`: it is passed on raw, and a raw value skipped over unread may hold
+    /// what no strict reader takes (a lone surrogate `\uDFFF`, found by fuzzing), which would
+    /// make the whole answer unreadable to a node.
     pub fn parse(raw: Box<RawValue>) -> Result<Body, String> {
-        #[derive(Deserialize)]
-        struct Shape {
-            needs: Option<Value>,
-        }
-        if !raw.get().starts_with('{') {
+        let whole: Value = serde_json::from_str(raw.get()).map_err(|e| format!("the plan cannot be read: {e}"))?;
+        let Value::Object(mut fields) = whole else {
             return Err("the plan is not an object".into());
-        }
-        let shape: Shape = serde_json::from_str(raw.get()).map_err(|e| format!("the plan cannot be read: {e}"))?;
-        let needs = match shape.needs {
+        };
+        let needs = match fields.remove("needs") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(n)) => n,
             Some(_) => return Err("its plan's `needs` is not a list".into()),
@@ -370,6 +369,14 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_a_plan_no_strict_reader_takes() {
+        let raw = RawValue::from_string(r#"{"needs":[],"x":"\uDFFF"}"#.into()).expect("serde_json's raw value takes it");
+        assert!(Body::parse(raw).unwrap_err().contains("surrogate"));
+        let raw = RawValue::from_string(r#"["needs"]"#.into()).unwrap();
+        assert!(Body::parse(raw).unwrap_err().contains("not an object"));
+    }
 
     #[test]
     fn reads_back_what_it_keeps_and_refuses_another_format_or_module() {
