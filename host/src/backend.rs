@@ -30,6 +30,10 @@ pub trait Backend: Send + Sync + 'static {
     fn mirrored(&self) -> usize {
         0
     }
+    /// The mirrors followed now, by bucket name (for metrics).
+    fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
+        Vec::new()
+    }
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus

@@ -125,9 +125,15 @@ pub struct Serve {
     /// at --component changes.
     #[arg(long, env = "MESH_PROVISIONER_NO_WATCH")]
     pub no_watch: bool,
-    /// Also write a small demo mesh, as node clients would (embedded server only).
+    /// Also write a small demo mesh, as node clients would (embedded server only). Turns the
+    /// HTTP side on at a free loopback port unless --http says where.
     #[arg(long)]
     pub demo: bool,
+    /// Serve /healthz, /readyz, /metrics and the status page (/) over HTTP at this address
+    /// (e.g. 127.0.0.1:9480; keep it on loopback or behind a proxy: it has no authentication).
+    /// Off unless given.
+    #[arg(long, env = "MESH_PROVISIONER_HTTP", value_name = "ADDR")]
+    pub http: Option<String>,
     #[arg(long, env = "MESH_PROVISIONER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
 }

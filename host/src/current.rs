@@ -50,6 +50,7 @@ impl Current {
             std::mem::replace(&mut *slot, Arc::new(loaded))
         };
         *self.swaps.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        crate::metrics::metrics().swaps.inc();
         self.changed.send_modify(|g| *g += 1);
         old
     }
@@ -61,6 +62,7 @@ impl Current {
             r.0 += 1;
             r.1 = Some(refusal);
         }
+        crate::metrics::metrics().refusals.inc();
         self.changed.send_modify(|g| *g += 1);
     }
 

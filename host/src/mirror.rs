@@ -88,6 +88,8 @@ struct State {
     entries: BTreeMap<Arc<str>, Stored>,
     /// Built on the first scan that needs it (see the module's doc), then kept.
     by_last: Option<ByLast>,
+    /// The bytes of the keys and values held (for metrics and the memory goal).
+    bytes: usize,
     revision: u64,
     ready: bool,
     /// The bucket does not exist (the mirror is then empty).
@@ -102,6 +104,8 @@ pub struct Mirror {
     visited: AtomicU64,
     /// When the mirror was last asked for, in milliseconds after [`epoch`].
     touched: AtomicU64,
+    /// Messages the bucket held past the last one the mirror applied, as its watch last said.
+    lag: AtomicU64,
 }
 
 /// The instant mirror use is measured from.
@@ -144,9 +148,12 @@ impl Mirror {
         s.revision = s.revision.max(revision);
         let stored = Stored { revision, value: value.into() };
         if let Some(old) = s.entries.get_mut(key) {
+            let was = old.value.len();
             *old = stored;
+            s.bytes = s.bytes + value.len() - was;
             return;
         }
+        s.bytes += key.len() + value.len();
         let key: Arc<str> = key.into();
         if let Some(index) = s.by_last.as_mut() {
             index.insert(&key);
@@ -158,7 +165,8 @@ impl Mirror {
     pub fn delete(&self, key: &str, revision: u64) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
-        if s.entries.remove(key).is_some() {
+        if let Some(old) = s.entries.remove(key) {
+            s.bytes -= key.len() + old.value.len();
             if let Some(index) = s.by_last.as_mut() {
                 index.remove(key);
             }
@@ -180,6 +188,7 @@ impl Mirror {
         if missing {
             s.entries.clear();
             s.by_last = None;
+            s.bytes = 0;
         }
         s.missing = missing;
     }
@@ -194,11 +203,27 @@ impl Mirror {
         let mut s = self.write();
         s.entries.clear();
         s.by_last = None;
+        s.bytes = 0;
         s.ready = false;
     }
 
     pub fn revision(&self) -> u64 {
         self.read().revision
+    }
+
+    /// The bytes of the keys and values held.
+    pub fn bytes(&self) -> usize {
+        self.read().bytes
+    }
+
+    /// Records how many messages the bucket holds past the last one applied.
+    pub fn set_lag(&self, messages: u64) {
+        self.lag.store(messages, Ordering::Relaxed);
+    }
+
+    /// Messages the bucket held past the last one applied, as last said by the watch.
+    pub fn lag(&self) -> u64 {
+        self.lag.load(Ordering::Relaxed)
     }
 
     pub fn len(&self) -> usize {

@@ -402,6 +402,7 @@ impl Follower {
                 Ok(e) => e,
                 Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
             };
+            mirror.set_lag(entry.delta);
             let deleted = match entry.operation {
                 kv::Operation::Put => {
                     mirror.put(&entry.key, entry.revision, &entry.value);
@@ -475,6 +476,13 @@ impl Backend for NatsBackend {
             self.settle(before + 1).await;
             Ok(())
         })
+    }
+
+    fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
+        let map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<(String, Arc<Mirror>)> = map.iter().map(|(b, m)| (b.clone(), m.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 
     fn mirrored(&self) -> usize {

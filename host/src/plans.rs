@@ -42,6 +42,12 @@ async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limit
         Ok(Ok(r)) => {
             let elapsed = started.elapsed();
             tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), rest = r.rest.len(), not_kept = r.retry.len(), ?elapsed, "plans refreshed");
+            let m = crate::metrics::metrics();
+            m.plans_refreshed.inc();
+            let planned = r.computed.saturating_sub((r.held.len() + r.waiting.len()) as u32);
+            for (state, n) in [("planned", planned as u64), ("held", r.held.len() as u64), ("waiting", r.waiting.len() as u64)] {
+                m.plans_computed.get_or_create(&crate::metrics::State { state: state.into() }).inc_by(n);
+            }
             // What is held or waits, by name and reason (the first few; `query plan` has all).
             for line in first(&r.held) {
                 tracing::info!("held: {line}");

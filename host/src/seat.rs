@@ -110,7 +110,9 @@ impl Seat {
         }
         *lease = Some((revision, sent + self.ttl * 3 / 4));
         drop(lease);
-        self.held.send_if_modified(|h| !std::mem::replace(h, true));
+        if self.held.send_if_modified(|h| !std::mem::replace(h, true)) {
+            crate::metrics::metrics().seat_transitions.inc();
+        }
     }
 
     fn drop_lease(&self, why: &str) {
@@ -118,7 +120,9 @@ impl Seat {
         if had {
             tracing::warn!(instance = self.instance, "lost the seat: {why}; no longer serving or writing");
         }
-        self.held.send_if_modified(|h| std::mem::replace(h, false));
+        if self.held.send_if_modified(|h| std::mem::replace(h, false)) {
+            crate::metrics::metrics().seat_transitions.inc();
+        }
     }
 
     /// One step: renew if holding, else try to take. Returns whether the seat is held.
@@ -229,7 +233,9 @@ impl Seat {
     /// Gives the seat up at shutdown so a standby takes over at once.
     pub async fn release(&self) {
         let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
-        self.held.send_if_modified(|h| std::mem::replace(h, false));
+        if self.held.send_if_modified(|h| std::mem::replace(h, false)) {
+            crate::metrics::metrics().seat_transitions.inc();
+        }
         if let Some((revision, _)) = lease {
             match self.kv.delete_expect_revision(HOLDER, Some(revision)).await {
                 Ok(()) => tracing::info!(instance = self.instance, "released the seat"),

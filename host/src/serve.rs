@@ -35,9 +35,19 @@ pub async fn run(args: Serve) -> Result<()> {
     let cache = args.connect.state_dir.join("components");
     let current = Current::new(crate::reload::load(&runtime, &args.component, Some(&cache), trust.as_ref(), limits).await?);
 
+    // Bound before anything else runs, so a bad address stops the start with its reason.
+    let http = match (&args.http, args.demo) {
+        (Some(addr), _) => Some(crate::http::bind(addr).await?),
+        (None, true) => Some(crate::http::bind("127.0.0.1:0").await?),
+        (None, false) => None,
+    };
     let (bus, embedded, reconnections) = connect(&args).await?;
     let opened = open(&args, bus, current).await?;
-    let tasks = start(&args, &opened, reconnections, runtime, trust, limits);
+    let mut tasks = start(&args, &opened, reconnections, runtime, trust, limits);
+    if let Some(listener) = http {
+        let state = crate::http::Http::new(opened.client.clone(), opened.backend.clone(), opened.current.clone(), opened.seat.clone(), limits);
+        tasks.handles.push(tokio::spawn(crate::http::serve(listener, state)));
+    }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref(), limits).await;
     shut_down(tasks, &opened, embedded).await;
     served

@@ -139,6 +139,11 @@ impl Micro {
     }
 
     fn count(&self, endpoint: usize, took: Duration, error: Option<String>) {
+        // `503:overloaded` → `overloaded`, `400:bad request` → `bad_request`.
+        let code = error.as_deref().map(|e| e.split_once(':').map_or(e, |(_, c)| c).split(' ').next().unwrap_or(e));
+        let code = code.map(|c| if c == "bad" { "bad_request" } else { c });
+        let name = ENDPOINTS.get(endpoint).map_or("unknown", |e| e.0);
+        crate::metrics::metrics().request(name, took, code);
         let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = all.get_mut(endpoint) else { return };
         s.requests += 1;

@@ -8,6 +8,7 @@ use mesh_provisioner::backend::Backend;
 use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
 use serde_json::Value;
 
+pub mod browser;
 pub mod golden;
 pub mod native;
 pub mod nats;

@@ -378,6 +378,7 @@ impl Guest {
                     Ok(api) => api,
                     Err(e) => return Err(call_err(&limits, store.data().limits.hit, e)),
                 };
+                crate::metrics::metrics().instances.inc();
                 Instance { store, api, memory: limits.memory }
             }
         };
@@ -449,10 +450,12 @@ impl Guest {
     pub async fn refresh(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change]) -> Result<Result<RefreshReport, String>> {
         let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
         let mut inst = self.checkout(backend, limits).await?;
+        let started = std::time::Instant::now();
         let r = match inst.api.mesh_provisioner_api().call_refresh(&mut inst.store, &changes).await {
             Ok(v) => v,
             Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
         };
+        crate::metrics::metrics().guest_call("refresh", started.elapsed());
         self.checkin(inst);
         Ok(r
             .map(|r| RefreshReport {
@@ -497,10 +500,12 @@ impl Guest {
 
     pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
         let mut inst = self.checkout(backend, limits).await?;
+        let started = std::time::Instant::now();
         let r = match inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await {
             Ok(v) => v,
             Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
         };
+        crate::metrics::metrics().guest_call("handle", started.elapsed());
         self.checkin(inst);
         let code = match r.code {
             api::ReplyCode::Ok => ReplyCode::Ok,

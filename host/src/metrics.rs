@@ -1,0 +1,172 @@
+//! The process's Prometheus metrics, kept with `prometheus-client` and written in its text
+//! format at `/metrics` (see `http`).
+//!
+//! Counters and histograms are bumped where things happen (a request answered, a guest call,
+//! an instance made, a swap, a seat change); gauges that describe state (mirrors, module states,
+//! the seat's role) are set when a scrape asks, from what the process already holds. Names follow
+//! Prometheus conventions: `mesh_provisioner_` prefix, base units, `_total` on counters (added by
+//! the encoder). Nothing here reads a key or a value: labels are endpoint, error code, export,
+//! bucket name and state.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Endpoint {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointError {
+    pub endpoint: String,
+    /// `bad_request`, `unavailable`, `internal` or `overloaded`.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Export {
+    pub export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Bucket {
+    pub bucket: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct State {
+    pub state: String,
+}
+
+type Seconds = Family<Endpoint, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    // 50 µs to about 1.6 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<Endpoint, Counter>,
+    pub errors: Family<EndpointError, Counter>,
+    pub request_seconds: Seconds,
+    pub guest_call_seconds: Family<Export, Histogram, fn() -> Histogram>,
+    pub instances: Counter,
+    pub swaps: Counter,
+    pub refusals: Counter,
+    pub seat_holder: Gauge,
+    pub seat_transitions: Counter,
+    pub mirror_keys: Family<Bucket, Gauge>,
+    pub mirror_bytes: Family<Bucket, Gauge>,
+    pub mirror_lag: Family<Bucket, Gauge>,
+    pub mirror_in_sync: Family<Bucket, Gauge>,
+    pub modules: Family<State, Gauge>,
+    pub plans_computed: Family<State, Counter>,
+    pub plans_refreshed: Counter,
+    pub scrape_seconds: Gauge<f64, AtomicU64>,
+}
+
+/// The process's metrics, made on first use.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("mesh_provisioner");
+        let m = Metrics {
+            requests: Family::default(),
+            errors: Family::default(),
+            request_seconds: Family::new_with_constructor(latency),
+            guest_call_seconds: Family::new_with_constructor(latency),
+            instances: Counter::default(),
+            swaps: Counter::default(),
+            refusals: Counter::default(),
+            seat_holder: Gauge::default(),
+            seat_transitions: Counter::default(),
+            mirror_keys: Family::default(),
+            mirror_bytes: Family::default(),
+            mirror_lag: Family::default(),
+            mirror_in_sync: Family::default(),
+            modules: Family::default(),
+            plans_computed: Family::default(),
+            plans_refreshed: Counter::default(),
+            scrape_seconds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Verb requests received, by endpoint", m.requests.clone());
+        registry.register("request_errors", "Verb requests answered with an error, by endpoint and code", m.errors.clone());
+        registry.register("request_duration_seconds", "Time from a verb request's receipt to its reply sent", m.request_seconds.clone());
+        registry.register("guest_call_duration_seconds", "Time of one call into the guest component, by export", m.guest_call_seconds.clone());
+        registry.register("guest_instances_created", "Guest instances made (each call reuses a kept one when it can)", m.instances.clone());
+        registry.register("component_swaps", "Components hot-replaced in", m.swaps.clone());
+        registry.register("component_refusals", "Components refused on upgrade (the running one kept serving)", m.refusals.clone());
+        registry.register("seat_holder", "1 while this instance holds the seat, 0 while it stands by", m.seat_holder.clone());
+        registry.register("seat_transitions", "Times this instance took or lost the seat", m.seat_transitions.clone());
+        registry.register("mirror_keys", "Keys held by the mirror of a bucket", m.mirror_keys.clone());
+        registry.register("mirror_bytes", "Bytes of keys and values held by the mirror of a bucket", m.mirror_bytes.clone());
+        registry.register("mirror_lag_messages", "Messages the bucket held past the last one its mirror applied", m.mirror_lag.clone());
+        registry.register("mirror_in_sync", "1 when the mirror of a bucket has replayed its history", m.mirror_in_sync.clone());
+        registry.register("modules", "Modules by status state (applied, pending, degraded, failed, …), as of the last scrape", m.modules.clone());
+        registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
+        registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
+        registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one verb request: its time, and its error code if it failed.
+    pub fn request(&self, endpoint: &str, took: Duration, error: Option<&str>) {
+        let label = Endpoint { endpoint: endpoint.to_string() };
+        self.requests.get_or_create(&label).inc();
+        self.request_seconds.get_or_create(&label).observe(took.as_secs_f64());
+        if let Some(code) = error {
+            self.errors.get_or_create(&EndpointError { endpoint: endpoint.to_string(), code: code.to_string() }).inc();
+        }
+    }
+
+    /// Times one call into the guest.
+    pub fn guest_call(&self, export: &str, took: Duration) {
+        self.guest_call_seconds.get_or_create(&Export { export: export.to_string() }).observe(took.as_secs_f64());
+    }
+
+    /// The text format, for a scrape.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let m = metrics();
+        m.request("provisioning", Duration::from_micros(120), Some("overloaded"));
+        m.guest_call("handle", Duration::from_micros(40));
+        let text = m.encode();
+        for line in [
+            "mesh_provisioner_requests_total{endpoint=\"provisioning\"}",
+            "mesh_provisioner_request_errors_total{endpoint=\"provisioning\",code=\"overloaded\"}",
+            "mesh_provisioner_request_duration_seconds_bucket{le=",
+            "mesh_provisioner_guest_call_duration_seconds_count{export=\"handle\"}",
+            "# TYPE mesh_provisioner_seat_holder gauge",
+            "# TYPE mesh_provisioner_guest_instances_created counter",
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
+    }
+}

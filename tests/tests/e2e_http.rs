@@ -1,0 +1,173 @@
+//! The HTTP side end to end: the real host binary, a real `nats-server` with the example
+//! accounts, and — for the status page — a real headless Chromium on a running demo mesh.
+//!
+//! Probes: `/healthz` always `200`; `/readyz` `200` for the seat's holder and for a warm standby
+//! (the role in the body), `503` while the bus is gone, `200` again once it is back. Metrics:
+//! the Prometheus names move with the requests made. The page: the states a person sees are the
+//! verb's own, a click on a module opens its needs, no bucket value is ever on it, and a
+//! screenshot is saved (`target/screenshots/status-page.png`; with
+//! `MESH_PROVISIONER_REGENERATE_GOLDEN=1` also `docs/status-page.png`, which the README shows).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tests::browser::{get, Browser};
+use tests::nats::{ask_raw, Bus, Host};
+
+/// The status page's address, from the host's log line.
+async fn http_url(host: &Host) -> String {
+    let start = Instant::now();
+    loop {
+        let log = host.log_text();
+        if let Some(at) = log.find("url=http://") {
+            let url = log[at + 4..].split_whitespace().next().unwrap_or_default();
+            return url.trim_end_matches('/').to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no HTTP address in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until `GET url` answers `status`; the body.
+async fn until_status(url: &str, status: u16, what: &str) -> Value {
+    let start = Instant::now();
+    loop {
+        let (code, _, body) = get(url).await;
+        if code == status {
+            return serde_json::from_str(&body).unwrap_or(Value::String(body));
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{url} never answered {status} ({what}); last {code}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the sample `name` (labels included, as written) in a scrape.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+#[tokio::test]
+async fn probes_say_the_role_and_readiness_and_metrics_follow_the_requests() {
+    let bus = Bus::start().await;
+    let holder = Host::start(&bus, &["--http", "127.0.0.1:0", "--instance", "one"]).await;
+    let standby = Host::start(&bus, &["--http", "127.0.0.1:0", "--instance", "two"]).await;
+    let (one, two) = (http_url(&holder).await, http_url(&standby).await);
+
+    let (code, _, body) = get(&format!("{one}/healthz")).await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let r = until_status(&format!("{one}/readyz"), 200, "the holder ready").await;
+    assert_eq!((r["role"].as_str(), r["instance"].as_str(), r["connected"].as_bool()), (Some("holder"), Some("one"), Some(true)), "{r}");
+    let r = until_status(&format!("{two}/readyz"), 200, "a warm standby ready").await;
+    assert_eq!(r["role"], "standby", "{r}");
+
+    // Requests, one refused, show in the holder's metrics.
+    let c = bus.client("node-alpha").await;
+    bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.url", b"{}").await;
+    for _ in 0..5 {
+        let (code, v) = ask_raw(&c, br#"{"what":"needs","node":"alpha"}"#).await.expect("answered");
+        assert_eq!(code, None, "{v}");
+    }
+    let (code, _) = ask_raw(&c, br#"{"what":"nonsense"}"#).await.expect("answered");
+    assert_eq!(code.as_deref(), Some("400"));
+    let (code, ctype, text) = get(&format!("{one}/metrics")).await;
+    assert_eq!(code, 200);
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    assert!(sample(&text, "mesh_provisioner_requests_total{endpoint=\"provisioning\"}").unwrap_or(0.0) >= 6.0, "{text}");
+    assert!(sample(&text, "mesh_provisioner_request_errors_total{endpoint=\"provisioning\",code=\"bad_request\"}") >= Some(1.0), "{text}");
+    assert!(sample(&text, "mesh_provisioner_request_duration_seconds_count{endpoint=\"provisioning\"}").unwrap_or(0.0) >= 6.0, "{text}");
+    assert!(sample(&text, "mesh_provisioner_guest_call_duration_seconds_count{export=\"handle\"}").unwrap_or(0.0) >= 6.0, "{text}");
+    assert_eq!(sample(&text, "mesh_provisioner_seat_holder"), Some(1.0), "{text}");
+    assert!(sample(&text, "mesh_provisioner_mirror_keys{bucket=\"mesh-provisioner_needs\"}") >= Some(1.0), "{text}");
+    assert_eq!(sample(&text, "mesh_provisioner_mirror_in_sync{bucket=\"mesh-provisioner_registry\"}"), Some(1.0), "{text}");
+    let modules: f64 = text.lines().filter(|l| l.starts_with("mesh_provisioner_modules{state=")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    assert_eq!(modules, 1.0, "alpha/app by its status state: {text}");
+    assert!(sample(&text, "mesh_provisioner_guest_instances_created_total") >= Some(1.0), "{text}");
+    let (_, _, standby_text) = get(&format!("{two}/metrics")).await;
+    assert_eq!(sample(&standby_text, "mesh_provisioner_seat_holder"), Some(0.0), "{standby_text}");
+
+    // The bus gone: not ready (the process is alive); back: ready again, by itself.
+    let restarted = tokio::spawn(bus.restart(Duration::from_secs(4)));
+    let r = until_status(&format!("{one}/readyz"), 503, "not ready without the bus").await;
+    assert_eq!(r["connected"], false, "{r}");
+    let (code, _, _) = get(&format!("{one}/healthz")).await;
+    assert_eq!(code, 200, "alive without the bus");
+    let _bus = restarted.await.expect("the bus restarted");
+    until_status(&format!("{one}/readyz"), 200, "ready once the bus is back").await;
+    drop((holder, standby));
+}
+
+#[tokio::test]
+async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() {
+    let state = tempfile::tempdir().expect("temp dir");
+    let dir = state.path().to_path_buf();
+    let host = Host::spawn_as(state, &tests::component_path(), &["--demo"]);
+    let url = http_url(&host).await;
+    // The demo is written once the seat is held; wait for its four modules.
+    let start = Instant::now();
+    let status = loop {
+        let (code, _, body) = get(&format!("{url}/api/status")).await;
+        let s: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if code == 200 && s["entries"].as_array().map_or(0, Vec::len) >= 4 {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "the demo mesh never showed: {code} {body}\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // What the verb says, through the CLI and the bus: the page must agree with it.
+    let out = std::process::Command::new(tests::nats::host_binary())
+        .args(["query", "status", "--json", "--state-dir"])
+        .arg(&dir)
+        .output()
+        .expect("query runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let verb: Value = serde_json::from_slice(&out.stdout).expect("query --json prints JSON");
+    let states = |v: &Value| -> BTreeMap<String, String> {
+        v["entries"].as_array().into_iter().flatten().map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string())).collect()
+    };
+    assert_eq!(states(&status), states(&verb), "the page's data and the verb disagree");
+
+    let mut b = Browser::open(&format!("{url}/"), 1200, 800).await;
+    b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
+    let seen = b.eval("Object.fromEntries([...document.querySelectorAll('td.cell')].map(td => [td.dataset.node + '/' + td.dataset.module, td.textContent]))").await;
+    let seen: BTreeMap<String, String> = serde_json::from_value(seen).expect("cells");
+    assert_eq!(seen, states(&verb), "what a person sees differs from the verb");
+    // Each cell is coloured by its state.
+    let classes = b.eval("[...document.querySelectorAll('td.cell')].every(td => td.classList.contains(td.textContent))").await;
+    assert_eq!(classes, json!(true));
+
+    // A click on alpha/app opens its needs.
+    assert_eq!(b.eval("document.getElementById('details').hidden").await, json!(true));
+    b.click("td.cell[data-node='alpha'][data-module='app']").await;
+    b.until("!document.getElementById('details').hidden", Duration::from_secs(5)).await;
+    let title = b.eval("document.getElementById('details-title').textContent").await;
+    assert!(title.as_str().unwrap_or("").starts_with("alpha / app"), "{title}");
+    let needs = b.eval("[...document.querySelectorAll('#needs tr.need')].map(tr => [...tr.children].map(td => td.textContent))").await;
+    let wanted: Vec<(String, String)> = verb["entries"].as_array().into_iter().flatten().filter(|e| e["node"] == "alpha" && e["module"] == "app").flat_map(|e| e["needs"].as_array().cloned().unwrap_or_default()).map(|n| (n["kind"].as_str().unwrap_or("").to_string(), n["name"].as_str().unwrap_or("").to_string())).collect();
+    let shown: Vec<(String, String)> = needs.as_array().into_iter().flatten().map(|r| (r[0].as_str().unwrap_or("").to_string(), r[1].as_str().unwrap_or("").to_string())).collect();
+    assert!(!wanted.is_empty());
+    assert_eq!(shown, wanted, "the needs opened are not alpha/app's");
+
+    // The filters: beta only.
+    b.eval("(() => { const s = document.getElementById('node'); s.value = 'beta'; s.dispatchEvent(new Event('change')); })()").await;
+    let nodes = b.eval("[...new Set([...document.querySelectorAll('td.cell')].map(td => td.dataset.node))]").await;
+    assert_eq!(nodes, json!(["beta"]));
+    b.eval("(() => { const s = document.getElementById('node'); s.value = ''; s.dispatchEvent(new Event('change')); })()").await;
+
+    // No value from a bucket anywhere on the page (the demo's bound value and collected lines).
+    let html = b.eval("document.documentElement.outerHTML").await;
+    let html = html.as_str().unwrap_or_default();
+    for value in ["5432", "APP_HOME", "WEB_PORT", "\"database\""] {
+        assert!(!html.contains(value), "the page shows a bucket value ({value})");
+    }
+
+    let shot = tests::target_dir().join("screenshots/status-page.png");
+    b.screenshot(&shot).await;
+    assert!(std::fs::metadata(&shot).map(|m| m.len() > 1000).unwrap_or(false), "no screenshot at {}", shot.display());
+    if tests::golden::regenerating() {
+        let docs = tests::root().join("docs/status-page.png");
+        std::fs::create_dir_all(docs.parent().expect("docs")).expect("docs dir");
+        std::fs::copy(&shot, &docs).expect("copy the screenshot");
+    }
+    drop(host);
+}
