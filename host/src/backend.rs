@@ -1,6 +1,6 @@
 //! What the guest's imports are backed by: mirrors to read, the registry to write, plans to keep.
 //!
-//! [`crate::nats::NatsBackend`] is the real one; [`MemoryBackend`] serves the guest's tests and
+//! `nats::NatsBackend` is the real one; [`MemoryBackend`] serves the guest's tests and
 //! the `registry` command, which need no bus. Neither knows what a key means.
 
 use std::collections::HashMap;

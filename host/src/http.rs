@@ -62,6 +62,7 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener> {
 
 /// Serves until the task is aborted.
 pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>) {
+    crate::metrics::metrics().record();
     let app = Router::new()
         .route("/", get(page))
         .route("/healthz", get(|| async { "ok\n" }))

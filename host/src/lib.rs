@@ -15,6 +15,7 @@ pub mod current;
 pub mod demo;
 pub mod embedded;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod kept;
 pub mod logging;

@@ -2,13 +2,14 @@
 //! format at `/metrics` (see `http`).
 //!
 //! Counters and histograms are bumped where things happen (a request answered, a guest call,
-//! an instance made, a swap, a seat change); gauges that describe state (mirrors, module states,
+//! an instance made, a swap, a seat change; the per-request ones only once the HTTP side runs,
+//! since without it nothing reads them); gauges that describe state (mirrors, module states,
 //! the seat's role) are set when a scrape asks, from what the process already holds. Names follow
 //! Prometheus conventions: `mesh_provisioner_` prefix, base units, `_total` on counters (added by
 //! the encoder). Nothing here reads a key or a value: labels are endpoint, error code, export,
 //! bucket name and state.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -56,6 +57,8 @@ fn latency() -> Histogram {
 /// Every metric of the process.
 pub struct Metrics {
     registry: Registry,
+    /// Per-request recording (the hot path) is on only when something reads it (`--http`).
+    recording: AtomicBool,
     pub requests: Family<Endpoint, Counter>,
     pub errors: Family<EndpointError, Counter>,
     pub request_seconds: Seconds,
@@ -103,6 +106,7 @@ impl Metrics {
             plans_refreshed: Counter::default(),
             scrape_seconds: Gauge::default(),
             registry: Registry::default(),
+            recording: AtomicBool::new(false),
         };
         registry.register("requests", "Verb requests received, by endpoint", m.requests.clone());
         registry.register("request_errors", "Verb requests answered with an error, by endpoint and code", m.errors.clone());
@@ -124,8 +128,16 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// Turns per-request recording on (the HTTP side does, when it starts).
+    pub fn record(&self) {
+        self.recording.store(true, Ordering::Relaxed);
+    }
+
     /// Counts one verb request: its time, and its error code if it failed.
     pub fn request(&self, endpoint: &str, took: Duration, error: Option<&str>) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
         let label = Endpoint { endpoint: endpoint.to_string() };
         self.requests.get_or_create(&label).inc();
         self.request_seconds.get_or_create(&label).observe(took.as_secs_f64());
@@ -136,6 +148,9 @@ impl Metrics {
 
     /// Times one call into the guest.
     pub fn guest_call(&self, export: &str, took: Duration) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
         self.guest_call_seconds.get_or_create(&Export { export: export.to_string() }).observe(took.as_secs_f64());
     }
 
@@ -155,6 +170,7 @@ mod tests {
     #[test]
     fn names_follow_prometheus_conventions() {
         let m = metrics();
+        m.record();
         m.request("provisioning", Duration::from_micros(120), Some("overloaded"));
         m.guest_call("handle", Duration::from_micros(40));
         let text = m.encode();

@@ -72,7 +72,7 @@ pub struct NatsBackend {
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
     changes: Arc<Changes>,
-    events: Arc<crate::notices::Events>,
+    events: Arc<crate::events::Events>,
     kept: KeptPlans,
 }
 
@@ -97,7 +97,7 @@ impl NatsBackend {
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
-            events: Arc::new(crate::notices::Events::new()),
+            events: Arc::new(crate::events::Events::new()),
             kept,
         }))
     }
@@ -108,7 +108,7 @@ impl NatsBackend {
     }
 
     /// The live changes of the buckets notices come from.
-    pub fn events(&self) -> &Arc<crate::notices::Events> {
+    pub fn events(&self) -> &Arc<crate::events::Events> {
         &self.events
     }
 
@@ -313,7 +313,7 @@ struct Follower {
     bucket: String,
     mirror: Arc<Mirror>,
     changes: Arc<Changes>,
-    events: Arc<crate::notices::Events>,
+    events: Arc<crate::events::Events>,
     /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
 }

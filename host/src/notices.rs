@@ -7,117 +7,25 @@
 //! `mesh-provisioner.notice.<node>` (core NATS: a hint, at most once; the status is the truth).
 //! Waiting events are a bounded map from key to its newest revision, so a burst of writes to one
 //! key is one notice, and a flood past [`MAX_PENDING`] keys is dropped with a warning rather
-//! than held.
+//! than held (see `events`, which the backend feeds).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use crate::backend::Backend;
-use crate::changes::bucket_matches;
+pub use crate::events::{Events, MAX_PENDING};
 use crate::current::Current;
-use crate::runtime::{Limits, ValueEvent};
+use crate::runtime::Limits;
 use crate::seat::Seat;
 
 /// The subject a node's notices are published on, before the node's name.
 pub const NOTICE_PREFIX: &str = "mesh-provisioner.notice.";
-/// Most keys waiting for their notices; past it new events are dropped (counted and logged).
-pub const MAX_PENDING: usize = 100_000;
 /// How often buckets named by a pattern (`*_bound`, `composed-*`) are looked for on the bus.
 const LIST_EVERY: Duration = Duration::from_secs(5);
 /// Changes arriving this soon after the first are taken together.
 const SETTLE: Duration = Duration::from_millis(20);
 /// A call handles many events; it gets more time than a verb call.
 const DEADLINE: Duration = Duration::from_secs(30);
-
-#[derive(Default)]
-struct Pending {
-    patterns: Vec<String>,
-    events: BTreeMap<(String, String), (u64, bool)>,
-}
-
-/// Live puts and deletes of the buckets the guest named, waiting for their notices.
-#[derive(Default)]
-pub struct Events {
-    pending: Mutex<Pending>,
-    notify: Notify,
-    /// Recording only while this instance holds the seat.
-    open: AtomicBool,
-    dropped: AtomicU64,
-}
-
-impl Events {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn set_patterns(&self, patterns: Vec<String>) {
-        self.lock().patterns = patterns;
-    }
-
-    pub fn patterns(&self) -> Vec<String> {
-        self.lock().patterns.clone()
-    }
-
-    /// Starts (holding the seat) or stops recording; stopping forgets what waits.
-    pub fn set_open(&self, open: bool) {
-        self.open.store(open, Ordering::Release);
-        if !open {
-            self.lock().events.clear();
-        }
-    }
-
-    /// Records a live put (or delete) of `key` in `bucket` at `revision`, if notices follow it.
-    pub fn record(&self, bucket: &str, key: &str, revision: u64, deleted: bool) {
-        if !self.open.load(Ordering::Acquire) {
-            return;
-        }
-        let mut p = self.lock();
-        if !p.patterns.iter().any(|pat| bucket_matches(pat, bucket)) {
-            return;
-        }
-        let at = (bucket.to_string(), key.to_string());
-        if p.events.len() >= MAX_PENDING && !p.events.contains_key(&at) {
-            drop(p);
-            if self.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(10_000) {
-                tracing::warn!(bucket, "{MAX_PENDING} changes already wait for their notices: dropping (holders still read `stale` in status)");
-            }
-            return;
-        }
-        p.events.insert(at, (revision, deleted));
-        drop(p);
-        self.notify.notify_one();
-    }
-
-    /// Takes every event waiting, in key order.
-    pub fn take(&self) -> Vec<ValueEvent> {
-        std::mem::take(&mut self.lock().events)
-            .into_iter()
-            .map(|((bucket, key), (revision, deleted))| ValueEvent { bucket, key, revision, deleted })
-            .collect()
-    }
-
-    /// Events dropped because too many waited.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    async fn next(&self) {
-        loop {
-            if !self.lock().events.is_empty() {
-                return;
-            }
-            self.notify.notified().await;
-        }
-    }
-}
 
 /// The subject for `node`'s notices, if `node` is one subject token.
 pub fn subject(node: &str) -> Option<String> {
