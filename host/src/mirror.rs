@@ -198,9 +198,11 @@ impl Mirror {
         !self.read().missing
     }
 
-    /// Empties the mirror before a resync.
+    /// Empties the mirror before a resync, revision included: the bucket may have been deleted
+    /// and made again, and a new stream's revisions start again from 1.
     pub fn clear(&self) {
         let mut s = self.write();
+        s.revision = 0;
         s.entries.clear();
         s.by_last = None;
         s.bytes = 0;
@@ -480,6 +482,17 @@ mod tests {
         assert_eq!((keys(&p), p.more), (vec!["huge.one"], true));
         let p = m.scan("huge.>", Some("huge.one"), 1000).unwrap();
         assert_eq!((keys(&p), p.more), (vec!["huge.two"], false));
+    }
+
+    #[test]
+    fn forgets_the_old_streams_revision_when_cleared() {
+        let m = mirror(&["a.b", "a.c"]);
+        m.put("a.d", 900, b"x");
+        assert_eq!((m.revision(), m.bytes()), (900, 3 + 3 + 3 + 3 + 3 + 1));
+        m.clear();
+        assert_eq!((m.revision(), m.len(), m.bytes()), (0, 0, 0));
+        m.put("a.b", 1, b"new");
+        assert_eq!(m.revision(), 1, "a recreated bucket's revisions start again");
     }
 
     #[test]

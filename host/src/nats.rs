@@ -382,8 +382,10 @@ impl Follower {
         }
         let opened = async {
             let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
-            let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
+            // The watch first, then the count: a bucket emptied between the two reads as empty
+            // (ready at once), where the other order would wait forever for a replay of nothing.
             let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+            let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
             Ok::<_, Error>((status, watch))
         };
         let (status, mut watch) = match opened.await {
