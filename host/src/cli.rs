@@ -222,16 +222,10 @@ pub fn default_state_dir() -> PathBuf {
 /// `250ms`, `10s`, `30m`, `1h`, `2d`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like 250ms, 10s, 30m or 1h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        "d" => Duration::from_secs(n.saturating_mul(86400)),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+    // A bare number is seconds, as before units were required.
+    let d = match s.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 250ms, 10s, 30m or 1h: {e}"))?,
     };
     if d.is_zero() {
         return Err("a duration must be more than zero".into());
@@ -249,7 +243,8 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
         assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("1y").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("1 fortnight").unwrap_err().contains("not a duration like"));
         assert!(parse_duration("h").is_err());
     }
 
