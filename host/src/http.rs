@@ -9,7 +9,7 @@
 //! within [`SNAPSHOT_FOR`], so a wall of open browsers costs one guest read per interval.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -31,8 +31,6 @@ const SNAPSHOT_FOR: Duration = Duration::from_secs(2);
 const MAX_PAGES: usize = 200;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
-/// The buckets a ready instance has in sync: the registry and the node clients' buckets.
-const WARM: [&str; 4] = [crate::backend::REGISTRY_BUCKET, crate::nats::CLIENT_BUCKETS[0], crate::nats::CLIENT_BUCKETS[1], crate::nats::CLIENT_BUCKETS[2]];
 
 /// What the HTTP side reads.
 pub struct Http {
@@ -42,12 +40,11 @@ pub struct Http {
     pub seat: Arc<Seat>,
     pub limits: Limits,
     snapshot: tokio::sync::Mutex<Option<(Instant, Arc<Value>)>>,
-    last_scrape: Mutex<Option<Instant>>,
 }
 
 impl Http {
     pub fn new(client: async_nats::Client, backend: Arc<dyn Backend>, current: Arc<Current>, seat: Arc<Seat>, limits: Limits) -> Arc<Http> {
-        Arc::new(Http { client, backend, current, seat, limits, snapshot: Default::default(), last_scrape: Mutex::new(None) })
+        Arc::new(Http { client, backend, current, seat, limits, snapshot: Default::default() })
     }
 }
 
@@ -80,13 +77,12 @@ pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>) {
 async fn readyz(State(h): State<Arc<Http>>) -> Response {
     let connected = h.client.connection_state() == async_nats::connection::State::Connected;
     let mirrors = h.backend.mirrors();
-    let behind: Vec<&str> = WARM.iter().copied().filter(|b| !mirrors.iter().any(|(name, m)| name == b && m.is_ready())).collect();
-    let role = if h.seat.is_held() { "holder" } else { "standby" };
+    let behind: Vec<&str> = crate::nats::WARM_BUCKETS.iter().copied().filter(|b| !mirrors.iter().any(|(name, m)| name == b && m.is_ready())).collect();
     let loaded = h.current.get();
     let ready = connected && behind.is_empty();
     let body = json!({
         "ready": ready,
-        "role": role,
+        "role": role(&h.seat),
         "instance": h.seat.instance(),
         "connected": connected,
         "mirrors_behind": behind,
@@ -108,17 +104,13 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
         m.mirror_lag.get_or_create(&label).set(mirror.lag() as i64);
         m.mirror_in_sync.get_or_create(&label).set(i64::from(mirror.is_ready()));
     }
-    // Module states come from a status read at most every few seconds, and not at every scrape
-    // of a busy Prometheus.
-    let due = h.last_scrape.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|t| t.elapsed() >= SNAPSHOT_FOR);
-    if due {
-        *h.last_scrape.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        if let Ok(s) = snapshot(&h).await {
-            m.modules.clear();
-            for e in s["entries"].as_array().into_iter().flatten() {
-                if let Some(state) = e["state"].as_str() {
-                    m.modules.get_or_create(&crate::metrics::State { state: state.to_string() }).inc();
-                }
+    // Module states come from the shared status read (at most one guest read per
+    // SNAPSHOT_FOR, however often Prometheus scrapes).
+    if let Ok(s) = snapshot(&h).await {
+        m.modules.clear();
+        for e in s["entries"].as_array().into_iter().flatten() {
+            if let Some(state) = e["state"].as_str() {
+                m.modules.get_or_create(&crate::metrics::State { state: state.to_string() }).inc();
             }
         }
     }
@@ -171,12 +163,20 @@ async fn snapshot(h: &Http) -> Result<Arc<Value>> {
     let s = Arc::new(json!({
         "entries": entries,
         "complete": complete,
-        "role": if h.seat.is_held() { "holder" } else { "standby" },
+        "role": role(&h.seat),
         "instance": h.seat.instance(),
         "read_at": crate::service::rfc3339(std::time::SystemTime::now()),
     }));
     *cached = Some((Instant::now(), s.clone()));
     Ok(s)
+}
+
+fn role(seat: &Seat) -> &'static str {
+    if seat.is_held() {
+        "holder"
+    } else {
+        "standby"
+    }
 }
 
 async fn page() -> Html<&'static str> {

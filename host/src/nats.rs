@@ -26,6 +26,9 @@ use crate::seat::Seat;
 
 /// The buckets the node clients write and the provisioner reads.
 pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
+/// The buckets every instance keeps mirrored, standby included (so taking over is quick): the
+/// registry and the node clients' buckets. An instance is ready when these are in sync.
+pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_BUCKETS[1], CLIENT_BUCKETS[2]];
 
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);

@@ -118,7 +118,7 @@ async fn open(args: &Serve, client: async_nats::Client, current: Arc<Current>) -
     let seat = Seat::open(nats.jetstream(), args.seat_ttl, args.replicas as usize, instance).await?;
     nats.gate_writes(seat.clone());
     // A standby keeps its mirrors warm so that taking over is quick.
-    for bucket in [crate::backend::REGISTRY_BUCKET].into_iter().chain(crate::nats::CLIENT_BUCKETS) {
+    for bucket in crate::nats::WARM_BUCKETS {
         if let Err(e) = backend.mirror(bucket).await {
             tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }

@@ -138,17 +138,16 @@ impl Micro {
         }
     }
 
-    fn count(&self, endpoint: usize, took: Duration, error: Option<String>) {
-        // `503:overloaded` → `overloaded`, `400:bad request` → `bad_request`.
-        let code = error.as_deref().map(|e| e.split_once(':').map_or(e, |(_, c)| c).split(' ').next().unwrap_or(e));
-        let code = code.map(|c| if c == "bad" { "bad_request" } else { c });
+    /// Counts a request; a failed one as its metric code (`overloaded`, `bad_request`, …) and
+    /// its `$SRV.STATS` error text (`503:overloaded`, …).
+    fn count(&self, endpoint: usize, took: Duration, error: Option<(&'static str, String)>) {
         let name = ENDPOINTS.get(endpoint).map_or("unknown", |e| e.0);
-        crate::metrics::metrics().request(name, took, code);
+        crate::metrics::metrics().request(name, took, error.as_ref().map(|e| e.0));
         let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = all.get_mut(endpoint) else { return };
         s.requests += 1;
         s.processing += took;
-        if let Some(e) = error {
+        if let Some((_, e)) = error {
             s.errors += 1;
             s.last_error = e;
         }
@@ -236,7 +235,7 @@ async fn shed(client: &Client, which: usize, request: Message, micro: &Micro, ma
     let Some(reply_to) = request.reply else { return };
     let body = error_body("overloaded", &format!("{max_in_flight} requests are in flight already; retry shortly"));
     let sent = send(client, reply_to, ReplyCode::Unavailable, body).await;
-    micro.count(which, started.elapsed(), Some("503:overloaded".into()));
+    micro.count(which, started.elapsed(), Some(("overloaded", "503:overloaded".into())));
     if let Err(e) = sent {
         tracing::debug!("could not send an overloaded reply: {e}");
     }
@@ -248,19 +247,20 @@ async fn send(client: &Client, reply_to: async_nats::Subject, code: ReplyCode, b
         ReplyCode::Ok => client.publish(reply_to, body.into()).await,
         other => {
             let mut headers = HeaderMap::new();
-            headers.insert(ERROR_HEADER, status_of(other).0);
-            headers.insert(ERROR_CODE_HEADER, status_of(other).1.to_string().as_str());
+            let (status, number, _) = status_of(other);
+            headers.insert(ERROR_HEADER, status);
+            headers.insert(ERROR_CODE_HEADER, number.to_string().as_str());
             client.publish_with_headers(reply_to, headers, body.into()).await
         }
     }
 }
 
-/// The micro-service status and number of a reply code that is not ok.
-fn status_of(code: ReplyCode) -> (&'static str, u16) {
+/// The micro-service status and number of a reply code that is not ok, and its metric code.
+fn status_of(code: ReplyCode) -> (&'static str, u16, &'static str) {
     match code {
-        ReplyCode::BadRequest => ("bad request", 400),
-        ReplyCode::Unavailable => ("unavailable", 503),
-        _ => ("internal error", 500),
+        ReplyCode::BadRequest => ("bad request", 400, "bad_request"),
+        ReplyCode::Unavailable => ("unavailable", 503, "unavailable"),
+        _ => ("internal error", 500, "internal"),
     }
 }
 
@@ -293,7 +293,10 @@ async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dy
     } else {
         (code, body)
     };
-    let error = (code != ReplyCode::Ok).then(|| format!("{}:{}", status_of(code).1, status_of(code).0));
+    let error = (code != ReplyCode::Ok).then(|| {
+        let (status, number, metric) = status_of(code);
+        (metric, format!("{number}:{status}"))
+    });
     let sent = send(client, reply_to, code, body).await;
     micro.count(which, started.elapsed(), error);
     if let Err(e) = sent {

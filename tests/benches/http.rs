@@ -60,18 +60,6 @@ async fn measure(c: &Client) -> (f64, f64) {
     (verb.as_secs_f64() / echo.as_secs_f64(), verb_t / echo_t)
 }
 
-async fn http_url(host: &Host) -> String {
-    let start = Instant::now();
-    loop {
-        let log = host.log_text();
-        if let Some(at) = log.find("url=http://") {
-            return log[at + 4..].split_whitespace().next().unwrap_or_default().trim_end_matches('/').to_string();
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "no HTTP address in the log");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::main]
 async fn main() {
     tests::nats::prefer_release_binary();
@@ -109,7 +97,7 @@ async fn main() {
     drop(off.stop().await);
 
     let on = Host::start(&bus, &["--instance", "on", "--http", "127.0.0.1:0"]).await;
-    let url = http_url(&on).await;
+    let url = on.http_url().await;
     let stop = Arc::new(AtomicBool::new(false));
     let scraper = {
         let (url, stop) = (url.clone(), stop.clone());

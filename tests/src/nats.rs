@@ -357,6 +357,20 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The HTTP side's address (`http://127.0.0.1:<port>`, no trailing slash), from the host's
+    /// log line; waits for it (bounded).
+    pub async fn http_url(&self) -> String {
+        let start = Instant::now();
+        loop {
+            let log = self.log_text();
+            if let Some(at) = log.find("url=http://") {
+                return log[at + 4..].split_whitespace().next().unwrap_or_default().trim_end_matches('/').to_string();
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no HTTP address in the log:\n{log}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Kills the host, handing back its state directory.
     pub async fn stop(mut self) -> TempDir {
         let _ = self.child.kill().await;

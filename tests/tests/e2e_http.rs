@@ -15,20 +15,6 @@ use serde_json::{json, Value};
 use tests::browser::{get, Browser};
 use tests::nats::{ask_raw, Bus, Host};
 
-/// The status page's address, from the host's log line.
-async fn http_url(host: &Host) -> String {
-    let start = Instant::now();
-    loop {
-        let log = host.log_text();
-        if let Some(at) = log.find("url=http://") {
-            let url = log[at + 4..].split_whitespace().next().unwrap_or_default();
-            return url.trim_end_matches('/').to_string();
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "no HTTP address in the log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits (bounded) until `GET url` answers `status`; the body.
 async fn until_status(url: &str, status: u16, what: &str) -> Value {
     let start = Instant::now();
@@ -52,7 +38,7 @@ async fn probes_say_the_role_and_readiness_and_metrics_follow_the_requests() {
     let bus = Bus::start().await;
     let holder = Host::start(&bus, &["--http", "127.0.0.1:0", "--instance", "one"]).await;
     let standby = Host::start(&bus, &["--http", "127.0.0.1:0", "--instance", "two"]).await;
-    let (one, two) = (http_url(&holder).await, http_url(&standby).await);
+    let (one, two) = (holder.http_url().await, standby.http_url().await);
 
     let (code, _, body) = get(&format!("{one}/healthz")).await;
     assert_eq!((code, body.as_str()), (200, "ok\n"));
@@ -102,7 +88,7 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
     let state = tempfile::tempdir().expect("temp dir");
     let dir = state.path().to_path_buf();
     let host = Host::spawn_as(state, &tests::component_path(), &["--demo"]);
-    let url = http_url(&host).await;
+    let url = host.http_url().await;
     // The demo is written once the seat is held; wait for its four modules.
     let start = Instant::now();
     let status = loop {
