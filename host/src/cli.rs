@@ -19,6 +19,9 @@ pub enum Command {
     Serve(Serve),
     /// Asks the provisioning verb and prints the answer.
     Query(Query),
+    /// Compares the running server's answers with the buckets read straight from the bus;
+    /// prints each difference and exits 4 on any.
+    Verify(Verify),
     /// Prints the registry compiled into a component (runs the component; no bus needed).
     Registry(RegistryCmd),
     /// Runs the checks a component must pass before it may serve.
@@ -95,6 +98,10 @@ pub struct Serve {
     /// How often the registry is reconciled (e.g. 1h, 30m, 10s).
     #[arg(long, env = "MESH_PROVISIONER_REGISTRY_EVERY", default_value = "1h", value_parser = parse_duration)]
     pub registry_every: Duration,
+    /// How often every mirror is compared with its bucket's stream (and rebuilt if they
+    /// differ); also done after every reconnect.
+    #[arg(long, env = "MESH_PROVISIONER_AUDIT_EVERY", default_value = "1m", value_parser = parse_duration)]
+    pub audit_every: Duration,
     /// Wall time one guest call may take.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_DEADLINE", default_value = "2s", value_parser = parse_duration)]
     pub guest_deadline: Duration,
@@ -190,6 +197,22 @@ pub struct Query {
     /// How often `--watch` asks.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub every: Duration,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub connect: Connect,
+}
+
+#[derive(Args, Debug)]
+pub struct Verify {
+    /// Compare a bucket again (a second apart) while it differs, up to this many times, so
+    /// writes in flight settle.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub attempts: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// How long one page of an answer may take.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
     #[command(flatten)]

@@ -157,6 +157,11 @@ impl Server {
         }
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Stops the server and waits for it.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;

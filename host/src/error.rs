@@ -26,6 +26,8 @@ pub enum ErrorKind {
     Corrupt,
     /// Not every holder of a value runs the one at its place yet (`query holders`).
     NotCurrent,
+    /// The server's answers differ from the bus (`verify`).
+    Diverged,
 }
 
 /// A host failure: a kind and what happened.

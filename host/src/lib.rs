@@ -5,6 +5,7 @@
 //! The host moves bytes: it never parses a key, escapes a name or knows a registry entry; those
 //! live in the guest only.
 
+pub mod audit;
 pub mod backend;
 pub mod bucket;
 pub mod changes;
@@ -32,6 +33,7 @@ pub mod seat;
 pub mod serve;
 pub mod service;
 pub mod trust;
+pub mod verify;
 
 /// The WIT package this host speaks.
 pub const WIT_VERSION: &str = "mesh:provisioner@0.4.0";

@@ -14,6 +14,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => mesh_provisioner::serve::run(args).await,
         Command::Query(args) => mesh_provisioner::query::run(args).await,
+        Command::Verify(args) => mesh_provisioner::verify::run(args).await,
         Command::Registry(args) => mesh_provisioner::check::registry(&args.component).await,
         Command::Check(args) => mesh_provisioner::check::check(&args.component).await,
         Command::Keygen(args) => mesh_provisioner::trust::keygen(&args.secret).map(|public| println!("{public}")),
@@ -27,6 +28,8 @@ async fn main() -> std::process::ExitCode {
                 mesh_provisioner::error::ErrorKind::Invalid => 2,
                 // A rotation script waits on this one: `until … query holders …; do sleep 5; done`.
                 mesh_provisioner::error::ErrorKind::NotCurrent => 3,
+                // `verify` found the server's answers differ from the bus.
+                mesh_provisioner::error::ErrorKind::Diverged => 4,
                 _ => 1,
             })
         }

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub mirror_bytes: Family<Bucket, Gauge>,
     pub mirror_lag: Family<Bucket, Gauge>,
     pub mirror_in_sync: Family<Bucket, Gauge>,
+    pub mirror_audits: Family<Bucket, Counter>,
+    pub mirror_repairs: Family<Bucket, Counter>,
     pub modules: Family<State, Gauge>,
     pub plans_computed: Family<State, Counter>,
     pub plans_refreshed: Counter,
@@ -101,6 +103,8 @@ impl Metrics {
             mirror_bytes: Family::default(),
             mirror_lag: Family::default(),
             mirror_in_sync: Family::default(),
+            mirror_audits: Family::default(),
+            mirror_repairs: Family::default(),
             modules: Family::default(),
             plans_computed: Family::default(),
             plans_refreshed: Counter::default(),
@@ -121,6 +125,8 @@ impl Metrics {
         registry.register("mirror_bytes", "Bytes of keys and values held by the mirror of a bucket", m.mirror_bytes.clone());
         registry.register("mirror_lag_messages", "Messages the bucket held past the last one its mirror applied", m.mirror_lag.clone());
         registry.register("mirror_in_sync", "1 when the mirror of a bucket has replayed its history", m.mirror_in_sync.clone());
+        registry.register("mirror_audits", "Audits of a bucket's mirror against its stream", m.mirror_audits.clone());
+        registry.register("mirror_repairs", "Mirrors rebuilt because an audit found them different from their bucket", m.mirror_repairs.clone());
         registry.register("modules", "Modules by status state (applied, pending, degraded, failed, …), as of the last scrape", m.modules.clone());
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());

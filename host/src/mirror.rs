@@ -11,7 +11,7 @@
 //! Matching a subject filter is NATS subject syntax, not a key shape: the host never parses what
 //! a key means.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,10 +72,8 @@ impl ByLast {
         self.keys.insert((self.hash(key), key.clone()));
     }
 
-    fn remove(&mut self, key: &str) {
-        // Removal needs an owned probe: the tree's keys are (hash, Arc<str>).
-        let probe = (self.hash(key), Arc::<str>::from(key));
-        self.keys.remove(&probe);
+    fn remove(&mut self, key: &Arc<str>) {
+        self.keys.remove(&(self.hash(key), key.clone()));
     }
 }
 
@@ -86,6 +84,9 @@ fn last_token(key: &str) -> &str {
 #[derive(Debug, Default)]
 struct State {
     entries: BTreeMap<Arc<str>, Stored>,
+    /// Keys whose last message is a delete or purge marker: the stream still holds a message
+    /// on their subject, so they count in its subjects (see [`Census`]).
+    tombstones: HashSet<Arc<str>>,
     /// Built on the first scan that needs it (see the module's doc), then kept.
     by_last: Option<ByLast>,
     /// The bytes of the keys and values held (for metrics and the memory goal).
@@ -106,6 +107,20 @@ pub struct Mirror {
     touched: AtomicU64,
     /// Messages the bucket held past the last one the mirror applied, as its watch last said.
     lag: AtomicU64,
+    /// Woken to make the mirror's follower rebuild it from the bucket (an audit found it
+    /// diverged).
+    rebuild: tokio::sync::Notify,
+}
+
+/// What an audit compares with the bucket's stream: the last revision applied, and the
+/// subjects the stream holds a message on if the mirror is right (keys and tombstones). The
+/// stream's message count includes older revisions where history is kept, so subjects are
+/// what both sides can count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    pub revision: u64,
+    pub subjects: u64,
+    pub ready: bool,
 }
 
 /// The instant mirror use is measured from.
@@ -146,6 +161,9 @@ impl Mirror {
     pub fn put(&self, key: &str, revision: u64, value: &[u8]) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
+        if !s.tombstones.is_empty() {
+            s.tombstones.remove(key);
+        }
         let stored = Stored { revision, value: value.into() };
         if let Some(old) = s.entries.get_mut(key) {
             let was = old.value.len();
@@ -161,16 +179,55 @@ impl Mirror {
         s.entries.insert(key, stored);
     }
 
-    /// Records a delete or purge seen at `revision`.
+    /// Records a delete or purge seen at `revision`: the key is gone, its marker stays.
     pub fn delete(&self, key: &str, revision: u64) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
-        if let Some(old) = s.entries.remove(key) {
-            s.bytes -= key.len() + old.value.len();
-            if let Some(index) = s.by_last.as_mut() {
-                index.remove(key);
+        let key = match s.entries.remove_entry(key) {
+            Some((key, old)) => {
+                s.bytes -= key.len() + old.value.len();
+                if let Some(index) = s.by_last.as_mut() {
+                    index.remove(&key);
+                }
+                key
             }
-        }
+            None => key.into(),
+        };
+        s.tombstones.insert(key);
+    }
+
+    /// Records that the bucket is at least at `revision` (its stream's last sequence when a
+    /// replay began), though no message of it may remain.
+    pub fn note_revision(&self, revision: u64) {
+        let mut s = self.write();
+        s.revision = s.revision.max(revision);
+    }
+
+    /// The revision applied and the subjects held, read together.
+    pub fn census(&self) -> Census {
+        let s = self.read();
+        Census { revision: s.revision, subjects: (s.entries.len() + s.tombstones.len()) as u64, ready: s.ready }
+    }
+
+    /// Asks the mirror's follower to rebuild it from the bucket. Until the rebuilt copy is in
+    /// sync, reads are answered from this one.
+    pub fn request_rebuild(&self) {
+        self.rebuild.notify_one();
+    }
+
+    /// Waits until a rebuild is asked for.
+    pub async fn rebuild_requested(&self) {
+        self.rebuild.notified().await
+    }
+
+    /// Takes the contents of `staged` (a copy built aside from the bucket, now in sync) in one
+    /// step: a reader sees the old contents or the new, never a half-built mirror.
+    pub fn adopt(&self, staged: &Mirror) {
+        let new = std::mem::take(&mut *staged.write());
+        let mut s = self.write();
+        *s = new;
+        s.ready = true;
+        self.lag.store(staged.lag(), Ordering::Relaxed);
     }
 
     /// Marks the mirror as in sync (history replayed) or not (watch lost).
@@ -187,6 +244,7 @@ impl Mirror {
         let mut s = self.write();
         if missing {
             s.entries.clear();
+            s.tombstones.clear();
             s.by_last = None;
             s.bytes = 0;
         }
@@ -204,6 +262,7 @@ impl Mirror {
         let mut s = self.write();
         s.revision = 0;
         s.entries.clear();
+        s.tombstones.clear();
         s.by_last = None;
         s.bytes = 0;
         s.ready = false;
@@ -493,6 +552,35 @@ mod tests {
         assert_eq!((m.revision(), m.len(), m.bytes()), (0, 0, 0));
         m.put("a.b", 1, b"new");
         assert_eq!(m.revision(), 1, "a recreated bucket's revisions start again");
+    }
+
+    #[test]
+    fn counts_a_deleted_keys_marker_as_a_subject_until_the_key_is_put_again() {
+        let m = mirror(&["a.b", "a.c"]);
+        m.delete("a.b", 3);
+        m.delete("never.seen", 4);
+        assert_eq!(m.census(), Census { revision: 4, subjects: 3, ready: false });
+        m.put("a.b", 5, b"back");
+        m.delete("a.b", 6);
+        m.delete("a.b", 7);
+        assert_eq!((m.census().subjects, m.len()), (3, 1));
+        m.clear();
+        assert_eq!(m.census().subjects, 0);
+    }
+
+    #[test]
+    fn adopts_a_rebuilt_copy_whole() {
+        let m = mirror(&["old.a", "old.b"]);
+        m.set_ready(true);
+        m.scan("*.a", None, 10).unwrap();
+        let staged = Mirror::new();
+        staged.put("new.a", 7, b"v");
+        staged.delete("new.gone", 8);
+        m.adopt(&staged);
+        assert_eq!(m.census(), Census { revision: 8, subjects: 2, ready: true });
+        assert_eq!(keys(&m.scan(">", None, 10).unwrap()), ["new.a"]);
+        assert_eq!(keys(&m.scan("*.a", None, 10).unwrap()), ["new.a"], "the old last-token index went with the old contents");
+        assert!(staged.is_empty());
     }
 
     #[test]

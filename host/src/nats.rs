@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 
 use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
-use crate::bucket::{bucket_config, open_bucket};
+use crate::bucket::{bounded, bucket_config, ensure_bucket, open_bucket, stream_state};
 use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::kept::KeptPlans;
@@ -32,6 +32,8 @@ pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_
 
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replay that delivers nothing for this long is started again.
+const REPLAY_STALL: Duration = Duration::from_secs(5);
 /// How often a mirrored bucket that was deleted is looked for again.
 const MISSING_POLL: Duration = Duration::from_secs(1);
 /// A mirror of a bucket that no longer exists, unread this long, is dropped.
@@ -55,6 +57,8 @@ pub const MAX_MIRRORS: usize = 4096;
 type Listing = (Option<(Instant, u64)>, std::collections::HashSet<String>);
 
 pub struct NatsBackend {
+    /// Replicas of the buckets this server creates.
+    replicas: usize,
     client: Client,
     /// Discovery answers by service: when asked and how many responded.
     discovered: std::sync::Mutex<HashMap<String, (Instant, u32)>>,
@@ -84,11 +88,16 @@ impl NatsBackend {
     /// by `kept`.
     pub async fn open(client: Client, replicas: usize, kept: KeptPlans) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
-        let registry = open_bucket(&js, bucket_config(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas)).await?;
-        for b in CLIENT_BUCKETS {
-            open_bucket(&js, bucket_config(b, "written by each node's provisioner client", 1, replicas)).await?;
+        let mut owned = owned_buckets(replicas).into_iter();
+        let registry = match owned.next() {
+            Some(config) => open_bucket(&js, config).await?,
+            None => return Err(Error::new(ErrorKind::Config, "no registry bucket")),
+        };
+        for config in owned {
+            open_bucket(&js, config).await?;
         }
         Ok(Arc::new(NatsBackend {
+            replicas,
             client,
             discovered: Default::default(),
             pings: Default::default(),
@@ -103,6 +112,29 @@ impl NatsBackend {
             events: Arc::new(crate::events::Events::new()),
             kept,
         }))
+    }
+
+    /// Makes again each bucket this server owns that the bus no longer has (a server restarted
+    /// with an empty store): the names of those made.
+    pub async fn ensure_owned(&self) -> Result<Vec<String>> {
+        let mut made = Vec::new();
+        for config in owned_buckets(self.replicas) {
+            let bucket = config.bucket.clone();
+            if ensure_bucket(&self.js, config).await? {
+                made.push(bucket);
+            }
+        }
+        if !made.is_empty() {
+            // The listing of the bus's buckets is stale, and the mirrors see them at once.
+            self.created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let mirrors = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+            for b in &made {
+                if let Some(m) = mirrors.get(b) {
+                    m.request_rebuild();
+                }
+            }
+        }
+        Ok(made)
     }
 
     /// The changes the mirrors have seen of the buckets plans depend on.
@@ -206,14 +238,18 @@ impl NatsBackend {
             return Ok(names);
         }
         let listed_at = Instant::now();
-        let mut listed = std::collections::HashSet::new();
-        let mut streams = self.js.stream_names();
-        while let Some(name) = streams.next().await {
-            let name = name.map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing the buckets: {e}")))?;
-            if let Some(b) = name.strip_prefix("KV_") {
-                listed.insert(b.to_string());
+        let listed = bounded(|| "listing the buckets".to_string(), async {
+            let mut listed = std::collections::HashSet::new();
+            let mut streams = self.js.stream_names();
+            while let Some(name) = streams.next().await {
+                let name = name.map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing the buckets: {e}")))?;
+                if let Some(b) = name.strip_prefix("KV_") {
+                    listed.insert(b.to_string());
+                }
             }
-        }
+            Ok(listed)
+        })
+        .await?;
         *names = (Some((listed_at, generation)), listed);
         Ok(names)
     }
@@ -289,17 +325,11 @@ impl NatsBackend {
     }
 }
 
-/// Whether `bucket` exists; an error only when the bus cannot say.
-async fn exists(js: &jetstream::Context, bucket: &str) -> Result<bool> {
-    use async_nats::jetstream::context::GetStreamErrorKind;
-    use async_nats::jetstream::ErrorCode;
-    match js.get_stream(format!("KV_{bucket}")).await {
-        Ok(_) => Ok(true),
-        Err(e) => match e.kind() {
-            GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(false),
-            _ => Err(Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))),
-        },
-    }
+/// The buckets this server creates (the registry first), with their settings.
+fn owned_buckets(replicas: usize) -> Vec<kv::Config> {
+    let mut all = vec![bucket_config(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas)];
+    all.extend(CLIENT_BUCKETS.iter().map(|b| bucket_config(b, "written by each node's provisioner client", 1, replicas)));
+    all
 }
 
 /// How one follow of a bucket ended.
@@ -339,6 +369,14 @@ impl Follower {
                     was_missing = false;
                     continue;
                 }
+                // An audit found the mirror diverged: rebuild it aside, answering from it
+                // meanwhile.
+                _ = self.mirror.rebuild_requested() => {
+                    tracing::info!(bucket = self.bucket, "rebuilding the mirror from the bucket");
+                    backoff = Duration::from_millis(50);
+                    was_missing = false;
+                    continue;
+                }
             };
             match outcome {
                 Followed::Missing => {
@@ -361,6 +399,7 @@ impl Follower {
                     tokio::select! {
                         _ = tokio::time::sleep(MISSING_POLL) => {},
                         _ = resync.changed() => {},
+                        _ = self.mirror.rebuild_requested() => {},
                     }
                     continue;
                 }
@@ -374,56 +413,79 @@ impl Follower {
         }
     }
 
-    /// Replays the bucket into the mirror and follows it until the watch ends.
+    /// Replays the bucket into a copy built aside and, once that copy is in sync, makes it the
+    /// mirror in one step (readers see the old contents until then, never a half-built
+    /// mirror); then follows the bucket live until the watch ends.
     async fn once(&self) -> Followed {
         let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
-        match exists(&self.js, bucket).await {
-            Ok(true) => {}
-            Ok(false) => return Followed::Missing,
+        match stream_state(&self.js, bucket).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Followed::Missing,
             Err(e) => return Followed::Lost(Err(e)),
         }
-        let opened = async {
-            let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
-            // The watch first, then the count: a bucket emptied between the two reads as empty
-            // (ready at once), where the other order would wait forever for a replay of nothing.
-            let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
-            let status = kv.status().await.map_err(|e| unavailable("status of", &e))?;
-            Ok::<_, Error>((status, watch))
-        };
-        let (status, mut watch) = match opened.await {
+        let opened = bounded(
+            || format!("watching {bucket}"),
+            async {
+                let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
+                // The watch first, then the state: a bucket emptied between the two reads as
+                // empty (ready at once), where the other order would wait for a replay of
+                // nothing. The state is read fresh: a store's status is as of its opening.
+                let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+                let state = stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
+                Ok::<_, Error>((state, watch))
+            },
+        );
+        let (state, mut watch) = match opened.await {
             Ok(o) => o,
             Err(e) => return Followed::Lost(Err(e)),
         };
-        mirror.clear();
-        mirror.set_missing(false);
-        if status.values() == 0 {
-            mirror.set_ready(true);
+        let staged = Mirror::new();
+        // The stream's last revision, even when its newest messages are gone (expired,
+        // purged): the mirror is then as far as the stream, not behind it.
+        staged.note_revision(state.last_sequence);
+        let mut live = false;
+        let started = Instant::now();
+        if state.messages == 0 {
+            mirror.adopt(&staged);
+            live = true;
             self.changes.record(bucket, None);
         }
-        let started = Instant::now();
-        while let Some(entry) = watch.next().await {
+        loop {
+            let next = if live {
+                watch.next().await
+            } else {
+                // A replay that stalls (the messages it was to deliver expired meanwhile) is
+                // started again rather than waited for.
+                match tokio::time::timeout(REPLAY_STALL, watch.next()).await {
+                    Ok(next) => next,
+                    Err(_) => return Followed::Lost(Err(Error::new(ErrorKind::Timeout, format!("the replay of {bucket} stalled for {REPLAY_STALL:?}")))),
+                }
+            };
+            let Some(entry) = next else { break };
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
             };
-            mirror.set_lag(entry.delta);
+            let target = if live { mirror.as_ref() } else { &staged };
+            target.set_lag(entry.delta);
             let deleted = match entry.operation {
                 kv::Operation::Put => {
-                    mirror.put(&entry.key, entry.revision, &entry.value);
+                    target.put(&entry.key, entry.revision, &entry.value);
                     false
                 }
                 kv::Operation::Delete | kv::Operation::Purge => {
-                    mirror.delete(&entry.key, entry.revision);
+                    target.delete(&entry.key, entry.revision);
                     true
                 }
             };
-            if mirror.is_ready() {
+            if live {
                 // Live, not replayed: plans may move, and holders are told.
                 self.changes.record(bucket, Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
-                mirror.set_ready(true);
+                mirror.adopt(&staged);
+                live = true;
                 self.changes.record(bucket, None);
                 tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
             }
@@ -460,11 +522,14 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
-            let rev = if expected == 0 {
-                self.registry.create(key, value.into()).await.map_err(create_err)?
-            } else {
-                self.registry.update(key, value.into(), expected).await.map_err(update_err)?
-            };
+            let rev = bounded(|| format!("writing registry key {key}"), async {
+                if expected == 0 {
+                    self.registry.create(key, value.into()).await.map_err(create_err)
+                } else {
+                    self.registry.update(key, value.into(), expected).await.map_err(update_err)
+                }
+            })
+            .await?;
             self.settle(rev).await;
             Ok(rev)
         })
@@ -474,11 +539,15 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
-            // The delete's revision is not returned; only the holder writes the registry, so it
-            // is the first one after what the mirror shows now.
-            let before = self.mirror_of(REGISTRY_BUCKET).await?.revision();
-            self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err)?;
-            self.settle(before + 1).await;
+            bounded(|| format!("deleting registry key {key}"), async { self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err) }).await?;
+            // The delete's revision is not returned: its marker, read back, has it.
+            let marker = bounded(|| format!("reading registry key {key}"), async {
+                self.registry.entry(key).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading registry key {key}: {e}")))
+            })
+            .await?;
+            if let Some(m) = marker {
+                self.settle(m.revision).await;
+            }
             Ok(())
         })
     }

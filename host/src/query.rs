@@ -11,6 +11,13 @@ use crate::service::{PLAN, PROVISIONING};
 
 /// Asks once; the reply's JSON, or the error reply as an [`ErrorKind::Invalid`] error.
 pub async fn ask(client: &async_nats::Client, verb: &str, body: &Value, timeout: std::time::Duration) -> Result<Value> {
+    let payload = ask_bytes(client, verb, body, timeout).await?;
+    serde_json::from_slice(&payload).map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))
+}
+
+/// Asks once; the reply's bytes as sent (a value's JSON text exactly), or the error reply as an
+/// [`ErrorKind::Invalid`] error.
+pub async fn ask_bytes(client: &async_nats::Client, verb: &str, body: &Value, timeout: std::time::Duration) -> Result<bytes::Bytes> {
     let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(timeout));
     let msg = client
         .send_request(verb.to_string(), req)
@@ -30,7 +37,7 @@ pub async fn ask(client: &async_nats::Client, verb: &str, body: &Value, timeout:
             ),
         ));
     }
-    Ok(v)
+    Ok(msg.payload)
 }
 
 /// The verb to ask and the request body. Every flag given is sent, so the server (not this

@@ -21,6 +21,9 @@ pub const SEAT_BUCKET: &str = "mesh-provisioner_seat";
 pub const HOLDER: &str = "holder";
 
 pub struct Seat {
+    js: jetstream::Context,
+    /// The seat bucket's settings, to make it again if the bus loses it.
+    config: kv::Config,
     kv: kv::Store,
     instance: String,
     /// How long this instance's leases last (at most the bucket's max age).
@@ -39,18 +42,8 @@ pub struct Seat {
 impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
-        let kv = crate::bucket::open_bucket(
-            js,
-            kv::Config {
-                bucket: SEAT_BUCKET.into(),
-                description: "mesh-provisioner: who holds the seat".into(),
-                history: 1,
-                max_age: ttl,
-                num_replicas: replicas,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let config = seat_bucket(ttl, replicas);
+        let kv = crate::bucket::open_bucket(js, config.clone()).await?;
         // The bucket was created by whoever came first, perhaps with a shorter TTL: its max age
         // expires a lease that is not renewed within it, so this instance may hold no longer.
         let max_age = match kv.status().await {
@@ -63,7 +56,13 @@ impl Seat {
         } else {
             ttl
         };
-        Ok(Arc::new(Seat { kv, instance, ttl, max_age, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0, terms: Default::default() }))
+        Ok(Arc::new(Seat { js: js.clone(), config, kv, instance, ttl, max_age, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0, terms: Default::default() }))
+    }
+
+    /// Makes the seat's bucket again if the bus lost it (a server restarted with an empty
+    /// store); whether it was made.
+    pub async fn ensure_bucket(&self) -> Result<bool> {
+        crate::bucket::ensure_bucket(&self.js, self.config.clone()).await
     }
 
     pub fn instance(&self) -> &str {
@@ -242,5 +241,17 @@ impl Seat {
                 Err(e) => tracing::warn!("could not release the seat: {e}"),
             }
         }
+    }
+}
+
+/// The seat bucket: one value kept, expired after the TTL.
+fn seat_bucket(ttl: Duration, replicas: usize) -> kv::Config {
+    kv::Config {
+        bucket: SEAT_BUCKET.into(),
+        description: "mesh-provisioner: who holds the seat".into(),
+        history: 1,
+        max_age: ttl,
+        num_replicas: replicas,
+        ..Default::default()
     }
 }

@@ -129,6 +129,7 @@ async fn open(args: &Serve, client: async_nats::Client, current: Arc<Current>) -
 /// The tasks that run while the process does, and how to stop them.
 struct Tasks {
     reconciler: Reconciler,
+    audits: Arc<crate::audit::Counts>,
     stop: watch::Receiver<bool>,
     handles: Vec<JoinHandle<()>>,
 }
@@ -166,6 +167,10 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
         let _ = stop_tx.send(true);
     }));
 
+    let audits = Arc::new(crate::audit::Counts::default());
+    handles.push(tokio::spawn(
+        crate::audit::Auditor { nats: o.nats.clone(), seat: o.seat.clone(), reconciler: reconciler.clone(), every: args.audit_every, counts: audits.clone() }.run(reconnections.clone()),
+    ));
     // After a reconnect: mirrors replay, and the holder reconciles the registry.
     let (nats, r) = (o.nats.clone(), reconciler.clone());
     handles.push(tokio::spawn(async move {
@@ -202,7 +207,7 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
         }
         .watch(),
     ));
-    Tasks { reconciler, stop, handles }
+    Tasks { reconciler, audits, stop, handles }
 }
 
 /// Stands by while another instance holds the seat; while this one holds it, reconciles at once
@@ -242,7 +247,7 @@ async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Opt
                 _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
             }
         };
-        crate::service::serve(o.client.clone(), o.backend.clone(), o.current.clone(), Some(o.seat.clone()), limits, args.max_in_flight as usize, until).await?;
+        crate::service::serve(o.client.clone(), o.backend.clone(), o.current.clone(), Some(o.seat.clone()), limits, args.max_in_flight as usize, tasks.audits.clone(), until).await?;
     }
 }
 
@@ -253,7 +258,8 @@ async fn shut_down(tasks: Tasks, o: &Opened, embedded: Option<Server>) {
         t.abort();
     }
     o.seat.release().await;
-    let _ = o.client.drain().await;
+    // A server that hangs must not hold the process at its exit.
+    let _ = tokio::time::timeout(crate::bucket::BUS_DEADLINE, o.client.drain()).await;
     if let Some(server) = embedded {
         server.stop().await;
     }

@@ -50,14 +50,16 @@ pub struct Micro {
     current: Arc<Current>,
     seat: Option<Arc<Seat>>,
     backend: Arc<dyn Backend>,
+    /// The mirrors' audits and repairs.
+    audits: Arc<crate::audit::Counts>,
     /// Per endpoint, in [`ENDPOINTS`] order.
     stats: Mutex<[Stats; 2]>,
 }
 
 impl Micro {
-    pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>, backend: Arc<dyn Backend>) -> Result<Arc<Self>> {
+    pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>, backend: Arc<dyn Backend>, audits: Arc<crate::audit::Counts>) -> Result<Arc<Self>> {
         let id = crate::embedded::random_password()?.chars().take(22).collect();
-        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, backend, stats: Mutex::default() }))
+        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, backend, audits, stats: Mutex::default() }))
     }
 
     pub fn id(&self) -> &str {
@@ -115,6 +117,13 @@ impl Micro {
         let all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let mut v = self.head("stats");
         v["started"] = json!(self.started);
+        // Per bucket: how often its mirror was compared with the bucket, and rebuilt.
+        let (mut audits, mut repairs) = (serde_json::Map::new(), serde_json::Map::new());
+        for (bucket, (a, r)) in self.audits.snapshot() {
+            audits.insert(bucket.clone(), json!(a));
+            repairs.insert(bucket, json!(r));
+        }
+        let (audits, repairs) = (Value::Object(audits), Value::Object(repairs));
         v["endpoints"] = ENDPOINTS
             .iter()
             .zip(all.iter())
@@ -124,7 +133,7 @@ impl Micro {
                     "name": name, "subject": subject, "queue_group": QUEUE_GROUP,
                     "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
                     "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
-                    "data": { "overloaded": s.overloaded },
+                    "data": { "overloaded": s.overloaded, "mirror_audits": audits, "mirror_repairs": repairs },
                 })
             })
             .collect();
@@ -163,10 +172,11 @@ pub async fn serve(
     seat: Option<Arc<Seat>>,
     limits: Limits,
     max_in_flight: usize,
+    audits: Arc<crate::audit::Counts>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let max_in_flight = max_in_flight.max(1);
-    let micro = Micro::new(current.clone(), seat, backend.clone())?;
+    let micro = Micro::new(current.clone(), seat, backend.clone(), audits)?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));
     let mut endpoints = Vec::new();
     for (i, (_, subject)) in ENDPOINTS.iter().enumerate() {
@@ -181,7 +191,10 @@ pub async fn serve(
         }
     }
     let mut control = futures::stream::select_all(control);
-    client.flush().await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("flushing subscriptions: {e}")))?;
+    crate::bucket::bounded(|| "flushing subscriptions".to_string(), async {
+        client.flush().await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("flushing subscriptions: {e}")))
+    })
+    .await?;
     let max_reply = client.server_info().max_payload.saturating_sub(HEADROOM).max(4096) as u32;
     tracing::info!(subjects = ?ENDPOINTS.map(|e| e.1), id = micro.id, max_reply, "serving");
     // The bounded backlog: requests in flight. One more is shed at once rather than queued, so

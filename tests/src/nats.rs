@@ -46,6 +46,24 @@ impl Bus {
         Bus { server, dir }
     }
 
+    /// Stops the server and starts it again on the same port and passwords with an empty
+    /// store: a disk lost.
+    pub async fn restart_empty(self) -> Bus {
+        let Bus { server, dir } = self;
+        let (port, passwords) = (server.port, server.access.passwords.clone());
+        server.stop().await;
+        std::fs::remove_dir_all(dir.path().join("jetstream")).expect("remove the store");
+        let server = Server::start(dir.path(), Some(port), Some(passwords)).await.expect("nats-server restarts");
+        Bus { server, dir }
+    }
+
+    /// Sends the server a signal by name (`STOP`, `CONT`, `KILL`).
+    pub fn signal(&self, name: &str) {
+        let pid = self.server.pid().expect("nats-server running");
+        let ok = std::process::Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().map(|s| s.success());
+        assert!(matches!(ok, Ok(true)), "kill -{name} nats-server failed");
+    }
+
     pub fn access(&self) -> &Access {
         &self.server.access
     }
@@ -396,6 +414,27 @@ impl Host {
         let v: Value = serde_json::from_slice(&m.payload).expect("INFO is JSON");
         v["metadata"].clone()
     }
+}
+
+/// Runs `mesh-provisioner verify --json` against `url` as `user`: its exit code and report.
+pub async fn run_verify(url: &str, user: &str, password: &str) -> (Option<i32>, Value) {
+    let out = Command::new(host_binary())
+        .args(["verify", "--json", "--nats-url", url, "--user", user, "--password", password])
+        .output()
+        .await
+        .expect("run verify");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        panic!("verify printed no report (exit {:?}):\n{text}\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.code(), report)
+}
+
+/// The micro service's `$SRV.STATS` for the provisioning endpoint's `data`.
+pub async fn stats_data(client: &Client) -> Value {
+    let m = client.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS answers");
+    let v: Value = serde_json::from_slice(&m.payload).expect("STATS is JSON");
+    v["endpoints"][0]["data"].clone()
 }
 
 /// One request of the verb: the reply's error-code header (if any) and its JSON body.
