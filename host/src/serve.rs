@@ -247,7 +247,16 @@ async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Opt
                 _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
             }
         };
-        crate::service::serve(o.client.clone(), o.backend.clone(), o.current.clone(), Some(o.seat.clone()), limits, args.max_in_flight as usize, tasks.audits.clone(), until).await?;
+        let serving = crate::service::Serving {
+            client: o.client.clone(),
+            backend: o.backend.clone(),
+            current: o.current.clone(),
+            seat: Some(o.seat.clone()),
+            limits,
+            max_in_flight: args.max_in_flight as usize,
+            audits: tasks.audits.clone(),
+        };
+        crate::service::serve(serving, until).await?;
     }
 }
 

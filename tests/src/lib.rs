@@ -9,6 +9,7 @@ use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
 use serde_json::Value;
 
 pub mod browser;
+pub mod chaos;
 pub mod golden;
 pub mod native;
 pub mod nats;

@@ -180,9 +180,15 @@ impl Denials {
     }
 }
 
-/// Three `nats-server`s in one JetStream cluster, each with the example config.
+/// `nats-server`s in one JetStream cluster, each with the example config; a server can be
+/// killed and started again on its own store, port and passwords.
 pub struct Cluster {
     pub servers: Vec<Option<Bus>>,
+    /// The store of each server that is down, kept for its restart.
+    parked: Vec<Option<TempDir>>,
+    ports: Vec<u16>,
+    blocks: Vec<String>,
+    passwords: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -194,30 +200,77 @@ impl Cluster {
             .iter()
             .map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap()))
             .collect();
-        let mut servers = Vec::new();
+        let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
             let block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
-            let dir = tempfile::tempdir().expect("temp dir");
-            let server = Server::start_with(dir.path(), Some(*port), Some(passwords.clone()), &block).await.expect("cluster server starts");
-            servers.push(Some(Bus { server, dir }));
+            cluster.ports.push(*port);
+            cluster.blocks.push(block);
+            cluster.parked.push(Some(tempfile::tempdir().expect("temp dir")));
+            cluster.servers.push(None);
         }
-        Cluster { servers }
+        for i in 0..n {
+            cluster.restart(i).await;
+        }
+        cluster
     }
 
     pub fn bus(&self, i: usize) -> &Bus {
         self.servers[i].as_ref().expect("server running")
     }
 
-    /// Every running server's URL, comma-separated.
-    pub fn urls(&self) -> String {
-        self.servers.iter().flatten().map(|b| b.url().to_string()).collect::<Vec<_>>().join(",")
+    /// Any running server.
+    pub fn any(&self) -> &Bus {
+        self.servers.iter().flatten().next().expect("a server running")
     }
 
+    /// Every server's URL, comma-separated (those down too: a client tries each).
+    pub fn urls(&self) -> String {
+        self.ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// The index of the server named `name` (`mesh-<port>` in the example config).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.ports.iter().position(|p| name == format!("mesh-{p}"))
+    }
+
+    /// Stops server `i` for good (its store is dropped).
     pub async fn kill(&mut self, i: usize) {
         if let Some(b) = self.servers[i].take() {
             b.server.stop().await;
         }
+    }
+
+    /// `SIGKILL`s server `i`, keeping its store for [`Cluster::restart`].
+    pub async fn crash(&mut self, i: usize) {
+        if let Some(b) = self.servers[i].take() {
+            let Bus { server, dir } = b;
+            server.stop().await;
+            self.parked[i] = Some(dir);
+        }
+    }
+
+    /// Starts server `i` again on its store, port and passwords.
+    pub async fn restart(&mut self, i: usize) {
+        let dir = self.parked[i].take().expect("server down");
+        let server = Server::start_with(dir.path(), Some(self.ports[i]), Some(self.passwords.clone()), &self.blocks[i]).await.expect("cluster server starts");
+        self.servers[i] = Some(Bus { server, dir });
+    }
+
+    /// A client of `user` that knows every server, so it moves to another when one goes down.
+    pub async fn client(&self, user: &str) -> Client {
+        let password = self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.clone()).expect("user in the example config");
+        let urls: Vec<String> = self.ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect();
+        ConnectOptions::with_user_and_password(user.into(), password)
+            .connection_timeout(Duration::from_secs(10))
+            .retry_on_initial_connect()
+            .connect(urls.as_slice())
+            .await
+            .unwrap_or_else(|e| panic!("connect to the cluster as {user}: {e}"))
+    }
+
+    pub fn password(&self, user: &str) -> String {
+        self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.clone()).expect("user in the example config")
     }
 }
 
