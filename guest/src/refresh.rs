@@ -20,6 +20,18 @@ pub fn inputs() -> Vec<String> {
 
 /// Most plans one refresh computes; the modules beyond are handed back as changes.
 pub const MAX_PER_REFRESH: usize = 2000;
+/// Keys one call reads of a bucket that changed as a whole: the rest of it is handed back as a
+/// continuation (see [`continuation`]), so a bucket of any size is read a page per call and a
+/// call's memory stays bounded.
+pub const SWEEP_PAGE: u32 = 1000;
+
+/// A whole-bucket change in progress: the bucket's keys after `after` (`None`: from the start).
+type Sweep = (String, Option<String>);
+
+/// The change that continues a sweep of `bucket` after `key`.
+fn continuation(bucket: &str, key: &str) -> (String, Option<String>) {
+    (bucket.to_string(), Some(format!(">{key}")))
+}
 
 /// What one refresh did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -52,19 +64,27 @@ fn modules(env: &dyn Env, filter: &str, into: &mut Pairs) -> Result<(), HostErro
     Ok(())
 }
 
-/// The modules one change can move.
-fn affected(env: &dyn Env, bucket: &str, key: Option<&str>, into: &mut Pairs) -> Result<(), HostError> {
+/// The modules one change can move; a change of a whole bucket of modules (assignments,
+/// applied, and through them the builds) becomes a sweep, read a page at a time.
+fn affected(env: &dyn Env, bucket: &str, key: Option<&str>, into: &mut Pairs, sweeps: &mut Vec<Sweep>) -> Result<(), HostError> {
+    if let Some(after) = key.and_then(|k| k.strip_prefix('>')) {
+        if matches!(bucket, ASSIGNMENTS | APPLIED) {
+            sweeps.push((bucket.to_string(), Some(after.to_string())));
+        }
+        return Ok(());
+    }
     match (bucket, key) {
         (ASSIGNMENTS | APPLIED, Some(k)) => into.extend(pair(bucket, k)),
-        (ASSIGNMENTS | APPLIED, None) => {
-            into.extend(scan_all(env, bucket, ">")?.iter().filter_map(|e| pair(bucket, &e.key)));
-        }
+        (ASSIGNMENTS | APPLIED, None) => sweeps.push((bucket.to_string(), None)),
         (BUILDS, Some(k)) => {
             if let Ok(module) = parse_builds(k) {
                 modules(env, &format!("*.{module}"), into)?;
             }
         }
-        (BUILDS, None) => modules(env, ">", into)?,
+        (BUILDS, None) => {
+            sweeps.push((ASSIGNMENTS.to_string(), None));
+            sweeps.push((APPLIED.to_string(), None));
+        }
         (bucket, key) => {
             let Some(node) = composed_node(bucket) else { return Ok(()) };
             let module_of = |k: &str| parse_composed(k).ok().map(|k| (node.to_string(), k.module));
@@ -88,10 +108,21 @@ fn module_change(node: &str, module: &str) -> (String, Option<String>) {
 /// Recomputes what `changes` can move and keeps what is newly published.
 pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Report, HostError> {
     let mut pairs = Pairs::new();
+    let mut sweeps = Vec::new();
     for (bucket, key) in changes {
-        affected(env, bucket, key.as_deref(), &mut pairs)?;
+        affected(env, bucket, key.as_deref(), &mut pairs, &mut sweeps)?;
     }
     let mut report = Report::default();
+    // One page of each bucket being swept; a sweep from the start replaces one in progress.
+    sweeps.sort();
+    sweeps.dedup_by(|later, earlier| later.0 == earlier.0);
+    for (bucket, after) in sweeps {
+        let page = env.scan(&bucket, ">", after.as_deref(), SWEEP_PAGE)?;
+        pairs.extend(page.entries.iter().filter_map(|e| pair(&bucket, &e.key)));
+        if let (true, Some(last)) = (page.more, page.entries.last()) {
+            report.rest.push(continuation(&bucket, &last.key));
+        }
+    }
     let mut pairs = pairs.into_iter();
     for (node, module) in pairs.by_ref().take(MAX_PER_REFRESH) {
         // One module's failure stays that module's: it waits with the reason, is tried again
@@ -123,6 +154,6 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
             State::Waiting => report.waiting.push(line()),
         }
     }
-    report.rest = pairs.map(|(node, module)| module_change(&node, &module)).collect();
+    report.rest.extend(pairs.map(|(node, module)| module_change(&node, &module)));
     Ok(report)
 }

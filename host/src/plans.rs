@@ -3,8 +3,9 @@
 //!
 //! Which buckets matter is the guest's word (`plan-inputs`), asked again after every swap, when
 //! everything is refreshed once: a new guest may plan differently. Changes wait in
-//! [`Changes`] (deduplicated, bounded) while a refresh runs. A refresh that fails is retried
-//! with its changes; modules whose plan the guest could not keep (the state directory failed)
+//! [`Changes`] (deduplicated, bounded) while a refresh runs. A refresh the host could not serve
+//! (a mirror out of sync) is retried with its changes; one the guest itself fails is split until
+//! the changes it fails on are found, and only those are left ([`refresh_through`]); modules whose plan the guest could not keep (the state directory failed)
 //! are handed back and asked again after a backoff (1 s doubling to a minute). Runs on every instance, holder or standby: each keeps its own plans warm.
 
 use std::sync::Arc;
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::changes::Changes;
-use crate::current::{Current, Loaded};
-use crate::runtime::{Change, Limits};
+use crate::current::Current;
+use crate::runtime::{Change, Guest, Limits};
 
 /// Changes arriving this soon after the first are taken in the same refresh.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -34,11 +35,21 @@ fn first(lines: &[String]) -> Vec<String> {
     out
 }
 
-/// One refresh, logged; the changes left for another call and those to retry later, or `Err`
-/// when it failed.
-async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limits, batch: &[Change]) -> Result<(Vec<Change>, Vec<Change>), ()> {
+/// How a refresh call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed {
+    /// The guest said the host could not answer (a mirror out of sync, the bus away): the same
+    /// changes are asked again later.
+    Host(String),
+    /// The guest itself failed (a trap, its deadline or memory): the same input would fail the
+    /// same way, so it is split to find the changes that cannot be refreshed.
+    Guest(String),
+}
+
+/// One refresh, logged; the changes left for another call and those to retry later.
+async fn refresh_once(guest: &Guest, backend: &Arc<dyn Backend>, limits: Limits, batch: &[Change]) -> Result<(u32, Vec<Change>, Vec<Change>), Failed> {
     let started = std::time::Instant::now();
-    match loaded.guest.refresh(backend.clone(), limits, batch).await {
+    match guest.refresh(backend.clone(), limits, batch).await {
         Ok(Ok(r)) => {
             let elapsed = started.elapsed();
             tracing::info!(changes = batch.len(), computed = r.computed, kept = ?first(&r.kept), held = r.held.len(), waiting = r.waiting.len(), rest = r.rest.len(), not_kept = r.retry.len(), ?elapsed, "plans refreshed");
@@ -55,17 +66,64 @@ async fn refresh_once(loaded: &Loaded, backend: &Arc<dyn Backend>, limits: Limit
             for line in first(&r.waiting) {
                 tracing::info!("waiting: {line}");
             }
-            Ok((r.rest, r.retry))
+            Ok((r.computed, r.rest, r.retry))
         }
-        Ok(Err(e)) => {
-            tracing::warn!("refreshing plans failed: {e}; retrying");
-            Err(())
+        Ok(Err(e)) => Err(Failed::Host(e)),
+        Err(e) => Err(Failed::Guest(e.to_string())),
+    }
+}
+
+/// What refreshing a batch through to its end did.
+#[derive(Debug, Default)]
+pub struct Followed {
+    /// Plans computed.
+    pub computed: u32,
+    /// Changes whose plans could not be kept, for a retry after a backoff.
+    pub not_kept: Vec<Change>,
+    /// Single changes the guest failed on every time, with why: each costs only the plans it
+    /// moves, and is left until its key changes again.
+    pub given_up: Vec<(Change, String)>,
+}
+
+/// Refreshes `batch` and every rest the guest hands back until none is left. A call the guest
+/// itself fails is split in halves, each tried on its own, down to single changes: one module
+/// whose plan cannot be computed (a composition too large for the guest's memory, say) costs
+/// that module, never the whole mesh's refresh. A host failure stops the whole batch, which is
+/// handed back (`Err`) to be asked again later: it is the bus's, not the input's.
+pub async fn refresh_through(guest: &Guest, backend: &Arc<dyn Backend>, limits: Limits, batch: Vec<Change>) -> Result<Followed, (Vec<Change>, String)> {
+    let mut followed = Followed::default();
+    let mut work = vec![batch];
+    while let Some(batch) = work.pop() {
+        if batch.is_empty() {
+            continue;
         }
-        Err(e) => {
-            tracing::warn!("the guest failed to refresh plans: {e}; retrying");
-            Err(())
+        match refresh_once(guest, backend, limits, &batch).await {
+            Ok((computed, rest, retry)) => {
+                followed.computed += computed;
+                followed.not_kept.extend(retry);
+                work.push(rest);
+            }
+            Err(Failed::Host(e)) => {
+                let mut left: Vec<Change> = work.into_iter().flatten().collect();
+                left.extend(batch);
+                left.extend(followed.not_kept);
+                return Err((left, e));
+            }
+            Err(Failed::Guest(e)) if batch.len() > 1 => {
+                tracing::warn!(changes = batch.len(), "the guest failed to refresh plans ({e}); refreshing the changes in halves to find the ones it fails on");
+                let mut batch = batch;
+                let second = batch.split_off(batch.len() / 2);
+                work.push(second);
+                work.push(batch);
+            }
+            Err(Failed::Guest(e)) => {
+                let change = batch.into_iter().next().expect("one change");
+                tracing::warn!(bucket = change.bucket, key = ?change.key, "the plans this change moves cannot be refreshed: {e}; the rest of the mesh is, and this one is tried again when it changes");
+                followed.given_up.push((change, e));
+            }
         }
     }
+    Ok(followed)
 }
 
 pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: Arc<Changes>, limits: Limits) {
@@ -103,22 +161,17 @@ pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: A
         batch.extend(changes.next_batch_now());
         // One call computes a bounded slice of a large mesh; the rest it hands back is asked
         // at once (each call is awaited, so the verbs are served in between).
-        let mut not_kept = Vec::new();
-        while !batch.is_empty() {
-            batch = match refresh_once(&loaded, &backend, limits, &batch).await {
-                Ok((rest, retry)) => {
-                    not_kept.extend(retry);
-                    rest
+        let not_kept = match refresh_through(&loaded.guest, &backend, limits, batch).await {
+            Ok(followed) => followed.not_kept,
+            Err((left, e)) => {
+                tracing::warn!("refreshing plans failed: {e}; retrying");
+                for c in &left {
+                    changes.record(&c.bucket, c.key.as_deref());
                 }
-                Err(()) => {
-                    for c in &batch {
-                        changes.record(&c.bucket, c.key.as_deref());
-                    }
-                    tokio::time::sleep(RETRY).await;
-                    break;
-                }
-            };
-        }
+                tokio::time::sleep(RETRY).await;
+                Vec::new()
+            }
+        };
         // Plans that could not be kept are asked again later, not lost; the wait grows while
         // the state directory keeps failing.
         if not_kept.is_empty() {

@@ -21,7 +21,7 @@ use async_nats::Client;
 use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
-use crate::nats::{ask_within, host_binary, run_verify, Cluster, Host};
+use crate::nats::{ask_within, host_binary, try_verify, Cluster, Host};
 
 /// The seat's TTL the hosts run with: short, so takeovers are quick.
 const TTL: Duration = Duration::from_secs(3);
@@ -38,7 +38,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn draw(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -48,7 +48,7 @@ impl Rng {
 
     /// A number in `lo..=hi`.
     pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
+        lo + self.draw() % (hi - lo + 1)
     }
 }
 
@@ -171,9 +171,10 @@ impl Mesh {
         if !failures.is_empty() {
             return failures;
         }
-        let (code, report) = run_verify(&self.cluster.urls(), "mesh-provisioner", &self.cluster.password("mesh-provisioner")).await;
-        if code != Some(0) {
-            failures.push(format!("verify exit {code:?}: {report}"));
+        match try_verify(&self.cluster.urls(), "mesh-provisioner", &self.cluster.password("mesh-provisioner")).await {
+            Ok((Some(0), _)) => {}
+            Ok((code, report)) => failures.push(format!("verify exit {code:?}: {report}")),
+            Err(e) => failures.push(e),
         }
         match all_keys(&self.asker, json!({"what": "registry"})).await {
             Ok(reg) => {
@@ -214,6 +215,9 @@ impl Mesh {
             let failures = self.check(kinds).await;
             if failures.is_empty() {
                 return start.elapsed();
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                println!("  not clean yet after {:?}: {}", start.elapsed(), failures.join("; ").chars().take(300).collect::<String>());
             }
             if start.elapsed() > SETTLE_WITHIN {
                 for (name, h) in &self.hosts {
@@ -313,7 +317,7 @@ async fn ask(client: Client, stop: Arc<AtomicBool>, counts: Arc<[AtomicU64; 3]>)
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        let body = if i % 2 == 0 { json!({"what": "needs", "node": "alpha"}) } else { json!({"what": "applied"}) };
+        let body = if i.is_multiple_of(2) { json!({"what": "needs", "node": "alpha"}) } else { json!({"what": "applied"}) };
         match ask_within(&client, body.to_string().as_bytes(), Duration::from_secs(2)).await {
             Ok((None, _)) => counts[0].fetch_add(1, Ordering::Relaxed),
             Ok((Some(_), _)) => counts[1].fetch_add(1, Ordering::Relaxed),

@@ -471,16 +471,21 @@ impl Host {
 
 /// Runs `mesh-provisioner verify --json` against `url` as `user`: its exit code and report.
 pub async fn run_verify(url: &str, user: &str, password: &str) -> (Option<i32>, Value) {
+    try_verify(url, user, password).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`run_verify`]; `Err` with what it printed when it made no report (it could not ask).
+pub async fn try_verify(url: &str, user: &str, password: &str) -> Result<(Option<i32>, Value), String> {
     let out = Command::new(host_binary())
         .args(["verify", "--json", "--nats-url", url, "--user", user, "--password", password])
         .output()
         .await
         .expect("run verify");
     let text = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
-        panic!("verify printed no report (exit {:?}):\n{text}\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr))
-    });
-    (out.status.code(), report)
+    match serde_json::from_str(text.trim()) {
+        Ok(report) => Ok((out.status.code(), report)),
+        Err(_) => Err(format!("verify printed no report (exit {:?}):\n{text}\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr).trim())),
+    }
 }
 
 /// The micro service's `$SRV.STATS` for the provisioning endpoint's `data`.

@@ -256,6 +256,18 @@ async fn a_plan_too_large_for_a_reply_is_an_error_that_says_so() {
     assert!(reply.body.len() <= 4096);
 }
 
+/// Refreshes `changes` and every rest handed back until none is left; the reports.
+async fn refresh_through(b: &Arc<MemoryBackend>, limits: Limits, changes: Vec<Change>) -> Vec<RefreshReport> {
+    let (mut reports, mut batch) = (Vec::new(), changes);
+    while !batch.is_empty() {
+        let r = tests::guest().refresh(b.clone() as Arc<dyn Backend>, limits, &batch).await.expect("guest runs").expect("refreshes");
+        batch = r.rest.clone();
+        reports.push(r);
+        assert!(reports.len() < 10_000, "the rest never ran out");
+    }
+    reports
+}
+
 #[tokio::test]
 async fn a_large_mesh_is_refreshed_a_bounded_slice_per_call_and_the_rest_handed_back() {
     let b = MemoryBackend::new();
@@ -263,10 +275,66 @@ async fn a_large_mesh_is_refreshed_a_bounded_slice_per_call_and_the_rest_handed_
         b.put("mesh-controller_assignments", &format!("alpha.m{m:04}"), br#"{"want":"b1"}"#);
         b.put("composed-alpha", &format!("m{m:04}.b1"), br#"{"state":"published","plan":{"needs":[]}}"#);
     }
-    let first = refresh(&b, &[Change { bucket: "mesh-controller_assignments".into(), key: None }]).await;
-    assert_eq!((first.computed, first.kept.len(), first.rest.len()), (2000, 2000, 500));
-    assert_eq!(first.rest[0], Change { bucket: "mesh-controller_assignments".into(), key: Some("alpha.m2000".into()) });
-    let second = refresh(&b, &first.rest).await;
-    assert_eq!((second.computed, second.kept.len(), second.rest.len()), (500, 500, 0));
-    assert_eq!(second.kept.last().map(String::as_str), Some("alpha/m2499@b1"));
+    let reports = refresh_through(&b, Limits::default(), vec![Change { bucket: "mesh-controller_assignments".into(), key: None }]).await;
+    // The bucket is read a page per call; the continuation is the guest's, handed back as is.
+    assert_eq!(reports[0].computed, 1000);
+    assert_eq!(reports[0].rest, [Change { bucket: "mesh-controller_assignments".into(), key: Some(">alpha.m0999".into()) }]);
+    assert_eq!(reports.iter().map(|r| r.computed).sum::<u32>(), 2500);
+    let kept: Vec<&String> = reports.iter().flat_map(|r| &r.kept).collect();
+    assert_eq!(kept.len(), 2500);
+    assert_eq!(kept.last().map(|s| s.as_str()), Some("alpha/m2499@b1"));
+    // Many single-module changes still cut at the most plans one call computes.
+    let many: Vec<Change> = (0..2500).map(|m| Change { bucket: "mesh-controller_assignments".into(), key: Some(format!("alpha.m{m:04}")) }).collect();
+    let one = refresh(&b, &many).await;
+    assert_eq!((one.computed, one.rest.len()), (2000, 500));
+    assert_eq!(one.rest[0], Change { bucket: "mesh-controller_assignments".into(), key: Some("alpha.m2000".into()) });
+}
+
+#[tokio::test]
+async fn plans_follow_a_mesh_of_100_000_modules_within_the_guests_memory() {
+    // 100 000 assignments of ~700 bytes: 70 MB, more than the guest's whole memory (64 MiB).
+    // Read whole, the refresh could never finish; read a page per call, it follows them all.
+    let b = MemoryBackend::new();
+    let note = "x".repeat(640);
+    for i in 0..100_000u32 {
+        let (node, module) = (format!("n{:03}", i % 500), format!("m{:03}", i / 500));
+        b.put("mesh-controller_assignments", &format!("{node}.{module}"), json!({"want": "b1", "note": note}).to_string().as_bytes());
+    }
+    b.put("composed-n000", "m000.b1", br#"{"state":"published","plan":{"needs":[]}}"#);
+    let started = std::time::Instant::now();
+    let reports = refresh_through(&b, Limits::default(), vec![Change { bucket: "mesh-indexer_builds".into(), key: None }]).await;
+    let computed: u32 = reports.iter().map(|r| r.computed).sum();
+    println!("100 000 modules: {computed} plans in {} calls, {:?}", reports.len(), started.elapsed());
+    assert!(computed >= 100_000, "every module's plan computed: {computed}");
+    let kept: Vec<&String> = reports.iter().flat_map(|r| &r.kept).collect();
+    assert_eq!(kept, ["n000/m000@b1"]);
+    let waiting = reports.iter().map(|r| r.waiting.len()).sum::<usize>();
+    assert!(waiting >= 99_999, "the others wait for their compositions: {waiting}");
+}
+
+#[tokio::test]
+async fn one_module_the_guest_cannot_plan_costs_that_module_not_the_mesh() {
+    // One composition larger than the guest's whole memory: computing that module's plan
+    // traps, every time. The other 63 modules are planned and kept all the same.
+    let (_dir, b) = files();
+    let limits = Limits { memory: 16 << 20, ..Limits::default() };
+    let mut changes = Vec::new();
+    for m in 0..64 {
+        let module = format!("m{m:02}");
+        b.put("mesh-controller_assignments", &format!("alpha.{module}"), br#"{"want":"b1"}"#);
+        let plan = if m == 41 { json!({"state":"published","plan":{"needs":[], "pad": "x".repeat(20 << 20)}}) } else { json!({"state":"published","plan":{"needs":[]}}) };
+        b.put("composed-alpha", &format!("{module}.b1"), plan.to_string().as_bytes());
+        changes.push(Change { bucket: "mesh-controller_assignments".into(), key: Some(format!("alpha.{module}")) });
+    }
+    let backend = b.clone() as Arc<dyn Backend>;
+    let followed = mesh_provisioner::plans::refresh_through(&tests::guest(), &backend, limits, changes).await.expect("no host failure");
+    assert_eq!(followed.computed, 63);
+    assert_eq!(followed.given_up.len(), 1, "{:?}", followed.given_up);
+    let (change, why) = &followed.given_up[0];
+    assert_eq!(change.key.as_deref(), Some("alpha.m41"));
+    assert!(why.contains("memory"), "the reason says why: {why}");
+    for m in [0, 40, 42, 63] {
+        let v = plan(&b, "alpha", &format!("m{m:02}")).await;
+        assert_eq!(v["state"], "planned", "{v}");
+    }
 }
