@@ -37,7 +37,8 @@ const REPLAY_STALL: Duration = Duration::from_secs(5);
 /// How often a mirrored bucket that was deleted is looked for again.
 const MISSING_POLL: Duration = Duration::from_secs(1);
 /// A mirror of a bucket that no longer exists, unread this long, is dropped.
-const MISSING_EVICT: Duration = Duration::from_secs(60);
+/// (Reading it again costs one listing of the bus's buckets, which says it is missing.)
+const MISSING_EVICT: Duration = Duration::from_secs(10);
 /// How long a listing of the bus's buckets is used when no creation was announced since (the
 /// server's stream-created advisories end it at once; this bounds it if they cannot arrive).
 const NAMES_FOR: Duration = Duration::from_secs(5);

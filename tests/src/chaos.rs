@@ -81,6 +81,8 @@ pub struct Report {
     pub refused: u64,
     pub unanswered: u64,
     pub repairs: u64,
+    /// What each repair found, as logged.
+    pub repair_lines: Vec<String>,
     pub audits: u64,
     /// From the end of each fault to every check passing.
     pub settle_times: Vec<Duration>,
@@ -99,6 +101,9 @@ impl Report {
         );
         println!("  verify differences after every quiet period: 0; acknowledged writes missing from answers: 0");
         println!("  mirror audits {}, repairs {}", self.audits, self.repairs);
+        for line in &self.repair_lines {
+            println!("    {line}");
+        }
         println!("  last fault to all checks clean: mean {mean:?}, max {max:?} ({} quiet periods)", self.settle_times.len());
         println!("  failovers (holder killed to the standby answering): {:?}", self.failovers);
     }
@@ -411,7 +416,7 @@ pub async fn run(seed: u64, faults: u32) -> Report {
                 println!("fault {f}: SIGKILL the holder {holder}");
                 let (_, host) = mesh.hosts.remove(at);
                 let killed = Instant::now();
-                report.repairs += repairs_in(&host);
+                repairs_in(&host, &mut report);
                 host.stop().await;
                 // The standby takes over: the first answer from another instance.
                 loop {
@@ -453,7 +458,7 @@ pub async fn run(seed: u64, faults: u32) -> Report {
     report.refused = counts[1].load(Ordering::Relaxed);
     report.unanswered = counts[2].load(Ordering::Relaxed);
     for (_, h) in &mesh.hosts {
-        report.repairs += repairs_in(h);
+        repairs_in(h, &mut report);
     }
     if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(2), mesh.asker.request("$SRV.STATS.mesh-provisioner", "".into())).await {
         let v: Value = serde_json::from_slice(&m.payload).unwrap_or_default();
@@ -465,9 +470,13 @@ pub async fn run(seed: u64, faults: u32) -> Report {
     report
 }
 
-/// The mirror repairs a host logged.
-fn repairs_in(host: &Host) -> u64 {
-    host.log_text().matches("it differs from the bucket").count() as u64
+/// Counts the mirror repairs a host logged, keeping what each found.
+fn repairs_in(host: &Host, report: &mut Report) {
+    for line in host.log_text().lines().filter(|l| l.contains("it differs from the bucket")) {
+        report.repairs += 1;
+        let found = line.find("bucket=").map(|at| &line[at..]).unwrap_or(line);
+        report.repair_lines.push(found.chars().take(240).collect());
+    }
 }
 
 /// The server leading the needs stream now, if the bus says.

@@ -291,3 +291,35 @@ async fn a_bus_that_hangs_is_recovered_from_by_itself() {
     assert_eq!(code, Some(0), "{report}");
     host.child.start_kill().ok();
 }
+
+#[tokio::test]
+async fn the_mirror_of_a_deleted_bucket_nobody_reads_is_dropped() {
+    let o = open("1s", async |js| {
+        js.create_key_value(kv::Config { bucket: "composed-gamma".into(), history: 1, ..Default::default() }).await.expect("composed-gamma");
+        js.create_key_value(kv::Config { bucket: "mesh-controller_assignments".into(), history: 1, ..Default::default() }).await.expect("assignments");
+    })
+    .await;
+    let js = jetstream::new(o.client.clone());
+    js.get_key_value("mesh-controller_assignments").await.unwrap().put("gamma.app", r#"{"want":"b1"}"#.into()).await.unwrap();
+    let mirrors = |m: &Value| m["mirrors"].as_str().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    // The plan reads gamma's compositions (the plans task follows every `composed-*` anyway).
+    let (code, v) = tests::nats::ask_verb(&o.client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await.unwrap();
+    assert_eq!(code, None, "{v}");
+    // The registry, the three node buckets, the assignments, the builds' (missing: never
+    // mirrored) and composed-gamma.
+    let with = Host::info_until(&o.client, "the composition's mirror", |m| mirrors(m) == 6).await;
+    js.delete_stream("KV_composed-gamma").await.expect("delete composed-gamma");
+    let start = Instant::now();
+    while mirrors(&Host::info(&o.client).await) >= mirrors(&with) {
+        assert!(start.elapsed() < Duration::from_secs(45), "the deleted bucket's mirror is kept:\n{}", o.host.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("dropped {:?} after the bucket was deleted", start.elapsed());
+    assert!(o.host.log_text().contains("the bucket is gone and nobody reads it: mirror dropped"));
+    // Asked again, it reads as missing, without a mirror kept for it.
+    let (code, v) = tests::nats::ask_verb(&o.client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await.unwrap();
+    assert_eq!(code, None, "{v}");
+    assert!(v.to_string().contains("not published") || v["state"] == "waiting", "{v}");
+    o.host.stop().await;
+    o.server.stop().await;
+}
