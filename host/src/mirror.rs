@@ -3,11 +3,13 @@
 //! A mirror is fed by whoever owns it (a JetStream watch with history, or a test) and answers
 //! `get` and `scan` from memory: a scan starts at the filter's literal prefix, so a narrowed
 //! query costs in proportion to its answer, not to the bucket. A filter that starts with a
-//! wildcard but ends in a literal token (`*.*.bound.postgres=2Edb`: who holds a value) is
-//! answered from an index by last token instead, built the first time such a filter is asked
-//! and kept up to date from then on (a bucket never asked that way pays nothing for it). The
-//! index is one ordered set of (hash of the last token, key): a slot per key, whatever the
-//! tokens, so a writer who makes every last token unique costs it no more than one who does not.
+//! wildcard is answered from an index by one of its literal tokens instead: the last one when it
+//! is literal (`*.*.bound.postgres=2Edb`: who holds a value), else the first literal among
+//! positions 1–3 (`*.app.>`: a module on every node; `*.*.config.>`: one kind). Each index is
+//! built the first time a filter needs it and kept up to date from then on (a bucket never asked
+//! that way pays nothing for it), at most four per mirror. An index is one ordered set of (hash
+//! of the token, key): a slot per key, whatever the tokens, so a writer who makes every token
+//! unique costs it no more than one who does not.
 //! Matching a subject filter is NATS subject syntax, not a key shape: the host never parses what
 //! a key means.
 
@@ -53,32 +55,55 @@ pub struct Page {
     bytes: usize,
 }
 
-/// The keys of a mirror by the hash of their last subject token, then in key order. The keys
+/// Which token of a key an index is by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Slot {
+    /// The token at this position (from 0; 0 itself is never indexed: the map is in key order).
+    At(usize),
+    /// The last token, whatever the key's length.
+    Last,
+}
+
+impl Slot {
+    fn token(self, key: &str) -> Option<&str> {
+        match self {
+            Slot::At(p) => key.split('.').nth(p),
+            Slot::Last => Some(key.rsplit('.').next().unwrap_or(key)),
+        }
+    }
+}
+
+/// Most token indexes one mirror builds (each a slot per key): positions 1–3 and the last.
+const MAX_INDEXES: usize = 4;
+
+/// The keys of a mirror by the hash of one of their subject tokens, then in key order. The keys
 /// are shared with the mirror's map, so an indexed key costs a pointer, a hash and a tree slot,
-/// not a copy. Keys whose last tokens collide share a hash: a scan checks each key's token.
-#[derive(Debug, Default)]
-struct ByLast {
+/// not a copy. Keys whose tokens collide share a hash: a scan checks each key's token. A key
+/// without that token (too short) is not in the index: no filter using it can match the key.
+#[derive(Debug)]
+struct ByToken {
+    slot: Slot,
     keys: BTreeSet<(u64, Arc<str>)>,
     /// Per mirror, so no writer can aim keys at one hash.
     hasher: RandomState,
 }
 
-impl ByLast {
-    fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(last_token(key))
+impl ByToken {
+    fn new(slot: Slot, hasher: RandomState) -> Self {
+        ByToken { slot, keys: BTreeSet::new(), hasher }
     }
 
     fn insert(&mut self, key: &Arc<str>) {
-        self.keys.insert((self.hash(key), key.clone()));
+        if let Some(t) = self.slot.token(key) {
+            self.keys.insert((self.hasher.hash_one(t), key.clone()));
+        }
     }
 
     fn remove(&mut self, key: &Arc<str>) {
-        self.keys.remove(&(self.hash(key), key.clone()));
+        if let Some(t) = self.slot.token(key) {
+            self.keys.remove(&(self.hasher.hash_one(t), key.clone()));
+        }
     }
-}
-
-fn last_token(key: &str) -> &str {
-    key.rsplit('.').next().unwrap_or(key)
 }
 
 #[derive(Debug, Default)]
@@ -87,8 +112,10 @@ struct State {
     /// Keys whose last message is a delete or purge marker: the stream still holds a message
     /// on their subject, so they count in its subjects (see [`Census`]).
     tombstones: HashSet<Arc<str>>,
-    /// Built on the first scan that needs it (see the module's doc), then kept.
-    by_last: Option<ByLast>,
+    /// Built on the first scan that needs each (see the module's doc), then kept.
+    by_token: Vec<ByToken>,
+    /// The hasher every index of this mirror uses (random per mirror).
+    hasher: RandomState,
     /// The bytes of the keys and values held (for metrics and the memory goal).
     bytes: usize,
     revision: u64,
@@ -173,7 +200,7 @@ impl Mirror {
         }
         s.bytes += key.len() + value.len();
         let key: Arc<str> = key.into();
-        if let Some(index) = s.by_last.as_mut() {
+        for index in s.by_token.iter_mut() {
             index.insert(&key);
         }
         s.entries.insert(key, stored);
@@ -186,7 +213,7 @@ impl Mirror {
         let key = match s.entries.remove_entry(key) {
             Some((key, old)) => {
                 s.bytes -= key.len() + old.value.len();
-                if let Some(index) = s.by_last.as_mut() {
+                for index in s.by_token.iter_mut() {
                     index.remove(&key);
                 }
                 key
@@ -245,7 +272,7 @@ impl Mirror {
         if missing {
             s.entries.clear();
             s.tombstones.clear();
-            s.by_last = None;
+            s.by_token.clear();
             s.bytes = 0;
         }
         s.missing = missing;
@@ -263,7 +290,7 @@ impl Mirror {
         s.revision = 0;
         s.entries.clear();
         s.tombstones.clear();
-        s.by_last = None;
+        s.by_token.clear();
         s.bytes = 0;
         s.ready = false;
     }
@@ -318,9 +345,10 @@ impl Mirror {
         let limit = limit.min(MAX_SCAN) as usize;
         let pattern: Vec<&str> = filter.split('.').collect();
         let prefix = literal_prefix(&pattern);
-        let last = pattern.last().copied().filter(|t| prefix.is_empty() && pattern.len() > 1 && *t != "*" && *t != ">");
-        if let Some(last) = last {
-            return Ok(self.scan_by_last(&pattern, last, after, limit));
+        if prefix.is_empty() {
+            if let Some((slot, token)) = index_for(&pattern) {
+                return Ok(self.scan_by_token(&pattern, slot, token, after, limit));
+            }
         }
         let s = self.read();
         let start = match after {
@@ -347,25 +375,28 @@ impl Mirror {
         Ok(page)
     }
 
-    /// A scan of a filter that starts with a wildcard and ends in the literal `last`: only the
-    /// keys ending in `last` are looked at.
-    fn scan_by_last(&self, pattern: &[&str], last: &str, after: Option<&str>, limit: usize) -> Page {
-        if self.read().by_last.is_none() {
+    /// A scan of a filter that starts with a wildcard, from the index of the filter's literal
+    /// `token` at `slot`: only the keys having that token there are looked at.
+    fn scan_by_token(&self, pattern: &[&str], slot: Slot, token: &str, after: Option<&str>, limit: usize) -> Page {
+        let built = |s: &State| s.by_token.iter().any(|i| i.slot == slot);
+        if !built(&self.read()) {
             let mut s = self.write();
-            if s.by_last.is_none() {
-                let mut index = ByLast::default();
+            if !built(&s) && s.by_token.len() < MAX_INDEXES {
+                let mut index = ByToken::new(slot, s.hasher.clone());
                 for key in s.entries.keys() {
                     index.insert(key);
                 }
-                s.by_last = Some(index);
+                s.by_token.push(index);
             }
         }
         let s = self.read();
         let mut page = Page { revision: s.revision, ..Page::default() };
-        let Some(index) = s.by_last.as_ref() else {
-            return page;
+        let Some(index) = s.by_token.iter().find(|i| i.slot == slot) else {
+            drop(s);
+            // (Only when every index a mirror may build is taken: never with the slots chosen.)
+            return self.walk(pattern, after, limit);
         };
-        let hash = index.hasher.hash_one(last);
+        let hash = index.hasher.hash_one(token);
         let start = (hash, Arc::<str>::from(after.unwrap_or("")));
         let start = if after.is_some() { Bound::Excluded(&start) } else { Bound::Included(&start) };
         let mut visited = 0;
@@ -374,7 +405,7 @@ impl Mirror {
                 break;
             }
             visited += 1;
-            if last_token(key) != last || !matches(pattern, key) {
+            if slot.token(key) != Some(token) || !matches(pattern, key) {
                 continue;
             }
             let Some(v) = s.entries.get(key) else { continue };
@@ -387,6 +418,44 @@ impl Mirror {
         self.visited.fetch_add(visited, Ordering::Relaxed);
         page
     }
+
+    /// Every key after `after`, matched against `pattern`.
+    fn walk(&self, pattern: &[&str], after: Option<&str>, limit: usize) -> Page {
+        let s = self.read();
+        let start = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        let mut page = Page { revision: s.revision, ..Page::default() };
+        let mut visited = 0;
+        for (key, v) in s.entries.range::<str, _>((start, Bound::Unbounded)) {
+            visited += 1;
+            if !matches(pattern, key) {
+                continue;
+            }
+            if page.entries.len() == limit || page.full(key, &v.value) {
+                page.more = true;
+                break;
+            }
+            page.push(key, v);
+        }
+        self.visited.fetch_add(visited, Ordering::Relaxed);
+        page
+    }
+}
+
+/// The index a filter that starts with a wildcard is answered from: its last token when that is
+/// literal (who holds a value: `*.*.bound.<name>`), else its first literal token among positions
+/// 1–3 (`*.app.>`: a module on every node; `*.*.config.>`: a kind). `None`: nothing literal to
+/// narrow by (`>`, `*.*.>`), a walk of everything, which is what such a filter asks for.
+fn index_for<'a>(pattern: &[&'a str]) -> Option<(Slot, &'a str)> {
+    let literal = |t: &str| t != "*" && t != ">";
+    if let (true, Some(last)) = (pattern.len() > 1, pattern.last()) {
+        if literal(last) {
+            return Some((Slot::Last, *last));
+        }
+    }
+    pattern.iter().enumerate().skip(1).take(3).find(|(_, t)| literal(t)).map(|(p, t)| (Slot::At(p), *t))
 }
 
 impl Page {
@@ -520,6 +589,94 @@ mod tests {
         assert_eq!(keys(&m.scan("*.>", None, 10_000).unwrap()).iter().filter(|k| k.ends_with(".pg=2Edb")).count(), 3);
         m.clear();
         assert!(m.scan("*.*.bound.pg=2Edb", None, 10).unwrap().entries.is_empty());
+    }
+
+    #[test]
+    fn finds_keys_by_a_middle_token_without_walking_the_rest() {
+        let m = Mirror::new();
+        for n in 0..200 {
+            for (module, kind) in [("app", "config"), ("web", "secret"), ("db", "config")] {
+                m.put(&format!("n{n:03}.{module}.{kind}.x"), 1, b"v");
+            }
+        }
+        m.put("short.app", 2, b"v");
+        let before = m.visited();
+        let p = m.scan("*.app.>", None, 1000).unwrap();
+        assert_eq!(p.entries.len(), 200);
+        assert!(p.entries.iter().all(|e| e.key.split('.').nth(1) == Some("app")));
+        assert!(m.visited() - before <= 201, "visited {}", m.visited() - before);
+        let before = m.visited();
+        let p = m.scan("*.*.config.>", None, 1000).unwrap();
+        assert_eq!(p.entries.len(), 400);
+        assert!(m.visited() - before <= 400, "visited {}", m.visited() - before);
+        // Paged by the key handed back, in key order, and kept up to date.
+        let first = m.scan("*.app.>", None, 150).unwrap();
+        let rest = m.scan("*.app.>", Some(&first.entries[149].key), 150).unwrap();
+        assert_eq!((first.more, rest.entries.len(), rest.more), (true, 50, false));
+        m.delete("n000.app.config.x", 10);
+        m.put("zzz.app.new.y", 11, b"v");
+        let keys: Vec<String> = m.scan("*.app.>", None, 1000).unwrap().entries.into_iter().map(|e| e.key).collect();
+        assert_eq!(keys.len(), 200);
+        assert!(!keys.contains(&"n000.app.config.x".to_string()) && keys.last().map(String::as_str) == Some("zzz.app.new.y"));
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn every_filter_answers_as_a_walk_of_everything_would() {
+        // Keys of 1 to 5 tokens from a small alphabet, so tokens and lengths collide a lot.
+        let m = Mirror::new();
+        let alphabet = ["a", "b", "c", "app", "x"];
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        for i in 0..3000 {
+            let len = 1 + next() % 5;
+            let key: Vec<&str> = (0..len).map(|_| alphabet[next() % alphabet.len()]).collect();
+            if next() % 7 == 0 {
+                m.delete(&key.join("."), i + 1);
+            } else {
+                m.put(&key.join("."), i + 1, b"v");
+            }
+        }
+        let tokens = ["*", "a", "app", ">"];
+        let mut filters = Vec::new();
+        for len in 1..=4usize {
+            let mut idx = vec![0usize; len];
+            loop {
+                let f: Vec<&str> = idx.iter().map(|i| tokens[*i]).collect();
+                if f[..len - 1].iter().all(|t| *t != ">") {
+                    filters.push(f.join("."));
+                }
+                let mut k = 0;
+                while k < len && idx[k] == tokens.len() - 1 {
+                    idx[k] = 0;
+                    k += 1;
+                }
+                if k == len {
+                    break;
+                }
+                idx[k] += 1;
+            }
+        }
+        for f in &filters {
+            let pattern: Vec<&str> = f.split('.').collect();
+            let want: Vec<String> = m.walk(&pattern, None, MAX_SCAN as usize).entries.into_iter().map(|e| e.key).collect();
+            // Read through in pages of 7, each from the last key handed back.
+            let (mut got, mut after) = (Vec::new(), None::<String>);
+            loop {
+                let p = m.scan(f, after.as_deref(), 7).unwrap();
+                got.extend(p.entries.iter().map(|e| e.key.clone()));
+                match (p.more, p.entries.last()) {
+                    (true, Some(last)) => after = Some(last.key.clone()),
+                    _ => break,
+                }
+            }
+            assert_eq!(got, want, "filter {f}");
+        }
     }
 
     #[test]

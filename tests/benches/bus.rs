@@ -366,11 +366,73 @@ async fn main() {
     // here it was built at 10k and kept up to date: what it costs shows in the RSS above.
     measure_holders(&label, &bus, &c, &sized, "small", 1000).await;
     measure_holders(&label, &bus, &c, &sized, "db", 10_000).await;
+    // Narrowings that start with a wildcard: a module on every node (`*.m000420.>`), and one
+    // kind everywhere (`*.*.secret.>`, its first page of 10).
+    measure(&format!("{label} by module"), &c, &sized, "mesh-provisioner.provisioning", br#"{"what":"needs","module":"m000420"}"#).await;
+    measure(&format!("{label} by kind"), &c, &sized, "mesh-provisioner.provisioning", br#"{"what":"needs","kind":"secret","limit":10}"#).await;
     println!(
         "host RSS: {} MiB before filling, {} MiB with {keys} keys mirrored; raw keys+values {} MiB; growth / raw = {:.2}×, total / raw = {:.2}×",
         rss0 / 1024, rss1 / 1024, raw >> 20,
         (rss1 - rss0) as f64 * 1024.0 / raw as f64,
         rss1 as f64 * 1024.0 / raw as f64
     );
-    host.stop().await;
+    let state = host.stop().await;
+    cold_start(&bus, &c, query, keys, state).await;
+}
+
+/// Reads the needs bucket the way a mirror's replay does, with nothing else: an ordered consumer
+/// over the last message of each key, until none is pending. The floor of a cold start.
+async fn plain_replay(bus: &Bus) -> (usize, Duration) {
+    let js = bus.js("mesh-provisioner").await;
+    let kv = js.get_key_value(NEEDS).await.expect("needs");
+    let start = Instant::now();
+    let mut watch = kv.watch_with_history(">").await.expect("watch");
+    let mut n = 0;
+    while let Some(Ok(e)) = watch.next().await {
+        n += 1;
+        if e.delta == 0 {
+            break;
+        }
+    }
+    (n, start.elapsed())
+}
+
+/// Cold start at the large size: from `serve` to the first answer, against a plain replay of
+/// the bucket; then a standby's takeover with warm mirrors.
+async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tempfile::TempDir) {
+    let (n, floor) = plain_replay(bus).await;
+    let answered = |c: Client| async move {
+        loop {
+            if let Ok(m) = c.request("mesh-provisioner.provisioning", query.to_vec().into()).await {
+                if m.headers.is_none() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let start = Instant::now();
+    let host = Host::spawn(bus.url(), &bus.password("mesh-provisioner"), state, &tests::component_path(), &["--seat-ttl", "3s"]);
+    answered(c.clone()).await;
+    let cold = start.elapsed();
+    println!(
+        "cold start at {keys} keys: serve to the first answer {:.2} s; a plain ordered consumer reads the bucket ({n} keys) in {:.2} s: {:.2}× that floor",
+        cold.as_secs_f64(), floor.as_secs_f64(), cold.as_secs_f64() / floor.as_secs_f64()
+    );
+    let mut standby = Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s"]);
+    let warm = Instant::now();
+    while !standby.log_text().contains("standing by") {
+        assert!(warm.elapsed() < Duration::from_secs(600), "the standby never warmed");
+        if let Ok(Some(s)) = standby.child.try_wait() {
+            panic!("the standby exited: {s}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("a standby warmed its mirrors of {keys} keys in {:.2} s", warm.elapsed().as_secs_f64());
+    let killed = Instant::now();
+    host.signal("KILL");
+    answered(c.clone()).await;
+    println!("takeover with warm mirrors (holder killed, seat TTL 3 s): the standby answered {:.2} s after the kill", killed.elapsed().as_secs_f64());
+    let _ = host.stop().await;
+    standby.stop().await;
 }
