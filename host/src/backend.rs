@@ -34,6 +34,9 @@ pub trait Backend: Send + Sync + 'static {
     fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
         Vec::new()
     }
+    /// The mirror of `bucket` served now, if any, without starting or waiting for one (the
+    /// reply cache checks that what a reply read is still what is served).
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>>;
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus
@@ -154,6 +157,10 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
+        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned()
+    }
+
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(async move {
             check_bucket(bucket)?;

@@ -128,6 +128,10 @@ pub struct Serve {
     /// `keygen` prints): each needs `<component>.sig` (made by `sign`).
     #[arg(long, env = "MESH_PROVISIONER_TRUST_KEY")]
     pub trust_key: Option<String>,
+    /// Call the guest for every request, even one asked before over buckets unchanged since
+    /// (the reply cache is on by default; this is for measuring and for doubt).
+    #[arg(long, env = "MESH_PROVISIONER_NO_REPLY_CACHE")]
+    pub no_reply_cache: bool,
     /// Replace the component only on SIGHUP (e.g. systemd's ExecReload), not whenever the file
     /// at --component changes.
     #[arg(long, env = "MESH_PROVISIONER_NO_WATCH")]

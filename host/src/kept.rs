@@ -67,16 +67,56 @@ impl KeptPlans {
         decode(&bytes).map(Some).map_err(|why| Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display())))
     }
 
-    pub fn save(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
+    /// As [`KeptPlans::load`], with the file read on a blocking thread: the runtime's one
+    /// thread never waits for a disk.
+    pub async fn load_off_thread(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>> {
+        let Some(path) = self.path(node, module)? else {
+            return self.load(node, module);
+        };
+        let shown = path.display().to_string();
+        let read = tokio::task::spawn_blocking(move || std::fs::read(&path))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading {shown}: {e}")))?;
+        let bytes = match read {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::new(ErrorKind::Corrupt, format!("cannot read {shown}: {e}"))),
+        };
+        decode(&bytes).map(Some).map_err(|why| Error::new(ErrorKind::Corrupt, format!("{shown}: {why}")))
+    }
+
+    /// As [`KeptPlans::save`], with the file written and synced on a blocking thread.
+    pub async fn save_off_thread(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
+        let Some(path) = self.checked_path(node, module, plan)? else {
+            return self.save(node, module, plan);
+        };
+        let (at, bytes) = (path.clone(), encode(plan));
+        let written = tokio::task::spawn_blocking(move || write_atomically(&at, &bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        self.record(node, module, &path, written)
+    }
+
+    /// The file a plan is saved to, once its size and names are checked; `None` in memory.
+    fn checked_path(&self, node: &str, module: &str, plan: &[u8]) -> Result<Option<PathBuf>> {
         if plan.len() > MAX_PLAN {
             return Err(Error::new(ErrorKind::Invalid, format!("a kept plan is at most {MAX_PLAN} bytes, not {}", plan.len())));
         }
-        let Some(path) = self.path(node, module)? else {
+        self.path(node, module)
+    }
+
+    pub fn save(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
+        let Some(path) = self.checked_path(node, module, plan)? else {
             let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
             m.insert((node.to_string(), module.to_string()), plan.to_vec());
             return Ok(());
         };
         let written = write_atomically(&path, &encode(plan));
+        self.record(node, module, &path, written)
+    }
+
+    /// Records how a save went: a failure is kept (for `last_failure`) until a save succeeds.
+    fn record(&self, node: &str, module: &str, path: &std::path::Path, written: std::io::Result<()>) -> Result<()> {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         match written {
             Ok(()) => {

@@ -43,6 +43,11 @@ pub struct Bucket {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct State {
     pub state: String,
 }
@@ -77,6 +82,7 @@ pub struct Metrics {
     pub modules: Family<State, Gauge>,
     pub plans_computed: Family<State, Counter>,
     pub plans_refreshed: Counter,
+    pub reply_cache: Family<Outcome, Counter>,
     pub scrape_seconds: Gauge<f64, AtomicU64>,
 }
 
@@ -108,6 +114,7 @@ impl Metrics {
             modules: Family::default(),
             plans_computed: Family::default(),
             plans_refreshed: Counter::default(),
+            reply_cache: Family::default(),
             scrape_seconds: Gauge::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
@@ -130,6 +137,7 @@ impl Metrics {
         registry.register("modules", "Modules by status state (applied, pending, degraded, failed, …), as of the last scrape", m.modules.clone());
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
+        registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());
         registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
         Metrics { registry, ..m }
     }
@@ -150,6 +158,14 @@ impl Metrics {
         if let Some(code) = error {
             self.errors.get_or_create(&EndpointError { endpoint: endpoint.to_string(), code: code.to_string() }).inc();
         }
+    }
+
+    /// Counts one lookup of the reply cache.
+    pub fn reply_cache(&self, hit: bool) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
+        self.reply_cache.get_or_create(&Outcome { outcome: if hit { "hit" } else { "miss" }.into() }).inc();
     }
 
     /// Times one call into the guest.

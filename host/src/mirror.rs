@@ -137,6 +137,9 @@ pub struct Mirror {
     /// Woken to make the mirror's follower rebuild it from the bucket (an audit found it
     /// diverged).
     rebuild: tokio::sync::Notify,
+    /// Moves whenever the contents or state may change (every write lock taken): a reply read
+    /// at one version holds while the version does (the reply cache).
+    version: AtomicU64,
 }
 
 /// What an audit compares with the bucket's stream: the last revision applied, and the
@@ -181,7 +184,16 @@ impl Mirror {
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        let guard = self.state.write().unwrap_or_else(|p| p.into_inner());
+        // Under the lock: a reader that loads the version before its read sees this write's
+        // version or an older one, never a newer one with older contents.
+        self.version.fetch_add(1, Ordering::AcqRel);
+        guard
+    }
+
+    /// The version of the contents (see the field): read it before reading them.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Records a put seen at `revision`.
@@ -252,9 +264,14 @@ impl Mirror {
     pub fn adopt(&self, staged: &Mirror) {
         let new = std::mem::take(&mut *staged.write());
         let mut s = self.write();
-        *s = new;
+        let old = std::mem::replace(&mut *s, new);
         s.ready = true;
+        drop(s);
         self.lag.store(staged.lag(), Ordering::Relaxed);
+        // Freeing a large old copy takes a while: not on the thread that serves.
+        if old.entries.len() > 10_000 {
+            std::thread::spawn(move || drop(old));
+        }
     }
 
     /// Marks the mirror as in sync (history replayed) or not (watch lost).

@@ -515,6 +515,10 @@ fn update_err(e: kv::UpdateError) -> Error {
 }
 
 impl Backend for NatsBackend {
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
+        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned().filter(|m| m.is_ready())
+    }
+
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(self.mirror_of(bucket))
     }

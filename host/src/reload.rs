@@ -29,7 +29,12 @@ pub fn smoke_limits(limits: Limits) -> Limits {
 
 /// Every step but the swap: compile (or take from `cache`), type-check, smoke-run.
 pub async fn prepare(runtime: &Runtime, bytes: &[u8], cache: Option<&Path>, limits: Limits) -> Result<Loaded> {
-    let guest = runtime.load(bytes, cache)?;
+    // Compiling takes up to seconds: on a blocking thread, so the one runtime thread goes on
+    // serving (and renewing the seat) meanwhile.
+    let (rt, owned, cache) = (runtime.clone(), bytes.to_vec(), cache.map(Path::to_path_buf));
+    let guest = tokio::task::spawn_blocking(move || rt.load(&owned, cache.as_deref()))
+        .await
+        .map_err(|e| Error::new(ErrorKind::Guest, format!("compiling the component: {e}")))??;
     let smoke = smoke_limits(limits);
     let scratch = MemoryBackend::new();
     let info = guest.info(scratch.clone(), smoke).await?;

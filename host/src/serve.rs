@@ -31,7 +31,7 @@ pub async fn run(args: Serve) -> Result<()> {
         Some(k) => Some(crate::trust::TrustKey::parse(k)?),
         None => None,
     };
-    let runtime = Runtime::new()?;
+    let runtime = Runtime::with_options(crate::runtime::Options { reply_cache: !args.no_reply_cache, ..Default::default() })?;
     let cache = args.connect.state_dir.join("components");
     let current = Current::new(crate::reload::load(&runtime, &args.component, Some(&cache), trust.as_ref(), limits).await?);
 

@@ -320,6 +320,10 @@ async fn the_guest_sees_no_environment_files_or_network() {
 struct Stalled(mesh_provisioner::kept::KeptPlans);
 
 impl Backend for Stalled {
+    fn current_mirror(&self, _: &str) -> Option<Arc<mesh_provisioner::mirror::Mirror>> {
+        None
+    }
+
     fn mirror<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<mesh_provisioner::mirror::Mirror>>> {
         Box::pin(std::future::pending())
     }

@@ -52,9 +52,16 @@ async fn bounded<T>(
     }
 }
 
-/// The mirror of `bucket`, in sync, within the call's deadline.
+/// The mirror of `bucket`, in sync, within the call's deadline; recorded with its version
+/// (read before the caller reads it) for the reply cache.
 async fn mirror(ctx: &mut Ctx, bucket: &str) -> Result<std::sync::Arc<crate::mirror::Mirror>, types::HostError> {
-    bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await
+    let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
+    match (&m, ctx.reads.as_mut()) {
+        (Ok(m), Some(reads)) => reads.push((bucket.to_string(), m.clone(), m.version())),
+        (Err(_), _) => ctx.reads = None,
+        _ => {}
+    }
+    m
 }
 
 fn entry(e: crate::mirror::Entry) -> types::Entry {
@@ -81,36 +88,45 @@ impl store::Host for Ctx {
 
 impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
+        // A count of responders is not a bucket's: a reply that used one is not kept.
+        self.reads = None;
         Ok(bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await)
     }
 }
 
 impl registry_writer::Host for Ctx {
     async fn put(&mut self, key: String, value: Vec<u8>, expected: u64) -> R<u64> {
+        self.reads = None;
         Ok(bounded(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await)
     }
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
+        self.reads = None;
         Ok(bounded(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await)
     }
 }
 
 impl kept_plans::Host for Ctx {
     async fn load(&mut self, node: String, module: String) -> R<Option<Vec<u8>>> {
-        Ok(self.backend.kept().load(&node, &module).map_err(host_error))
+        self.reads = None;
+        Ok(self.backend.kept().load_off_thread(&node, &module).await.map_err(host_error))
     }
 
     async fn save(&mut self, node: String, module: String, plan: Vec<u8>) -> R<()> {
-        Ok(self.backend.kept().save(&node, &module, &plan).map_err(host_error))
+        self.reads = None;
+        Ok(self.backend.kept().save_off_thread(&node, &module, &plan).await.map_err(host_error))
     }
 
     async fn last_failure(&mut self, node: String, module: String) -> wasmtime::Result<Option<String>> {
+        self.reads = None;
         Ok(self.backend.kept().last_failure(&node, &module))
     }
 }
 
 impl log::Host for Ctx {
     async fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        // A replay would not log again.
+        self.reads = None;
         let message: String = message.chars().take(4096).collect();
         match level {
             log::Level::Trace => tracing::trace!(target: "guest", "{message}"),

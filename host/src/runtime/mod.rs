@@ -8,6 +8,7 @@
 //! grants nothing: no preopened directories, environment, arguments or sockets.
 
 mod bindings;
+mod cache;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
 use bindings::{api, Imports, Provisioner, ProvisionerPre};
+pub use cache::Read;
 
 
 /// How often the epoch advances: a long call yields this often and is checked against its deadline.
@@ -50,6 +52,8 @@ pub struct Options {
     /// Calls one instance may serve before it is thrown away (1: a fresh instance per call).
     /// An instance is thrown away after any failure whatever this says.
     pub reuse: u32,
+    /// Serve a repeated request over unchanged buckets from the reply cache (see `cache`).
+    pub reply_cache: bool,
 }
 
 impl Default for Options {
@@ -57,7 +61,7 @@ impl Default for Options {
         // Measured (see ARCHITECTURE.md, "Benchmarks"): a reused instance costs a few
         // microseconds a call against tens for a fresh one; the guest keeps no state between
         // calls, so reuse is bounded only to cap heap growth.
-        Options { pooling: false, reuse: 64 }
+        Options { pooling: false, reuse: 64, reply_cache: true }
     }
 }
 
@@ -74,6 +78,9 @@ pub struct Ctx {
     calls: u32,
     /// When the current call must have finished.
     deadline: std::time::Instant,
+    /// What a verb call read, for the reply cache; `None` outside verb calls and once a call
+    /// did something a kept reply could not repeat.
+    reads: Option<Vec<cache::Read>>,
 }
 
 /// The store's memory limit, which remembers being hit so the error can say so.
@@ -167,7 +174,7 @@ impl Runtime {
         let (component, cached) = self.compile(bytes, &digest, cache)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| self.misfit(&component, e))?;
         let pre = ProvisionerPre::new(pre).map_err(|e| self.misfit(&component, e))?;
-        Ok(Guest { runtime: self.clone(), pre, digest, cached, pool: Default::default() })
+        Ok(Guest { runtime: self.clone(), pre, digest, cached, pool: Default::default(), replies: Default::default() })
     }
 
     /// Why a component does not link against this host's world, in words an operator can act
@@ -320,6 +327,8 @@ pub struct Guest {
     cached: bool,
     /// Instances that served without failing, ready for another call.
     pool: Arc<Mutex<Vec<Instance>>>,
+    /// Replies kept with what they read (this component's only).
+    replies: Arc<cache::ReplyCache>,
 }
 
 /// A store and the component instantiated in it.
@@ -361,6 +370,7 @@ impl Guest {
                     backend,
                     calls: 0,
                     deadline: std::time::Instant::now() + limits.deadline,
+                    reads: None,
                 };
                 let mut store = Store::new(&self.runtime.engine, ctx);
                 store.limiter(|c| &mut c.limits);
@@ -383,6 +393,7 @@ impl Guest {
             }
         };
         instance.store.data_mut().deadline = std::time::Instant::now() + limits.deadline;
+        instance.store.data_mut().reads = None;
         instance.store.set_epoch_deadline(1);
         Ok(instance)
     }
@@ -499,13 +510,30 @@ impl Guest {
     }
 
     pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
+        if !self.runtime.options.reply_cache {
+            return Ok(self.handle_uncached(backend, limits, verb, body, max_reply).await?.0);
+        }
+        if let Some(reply) = self.replies.get(backend.as_ref(), verb, body, max_reply) {
+            crate::metrics::metrics().reply_cache(true);
+            return Ok(reply);
+        }
+        crate::metrics::metrics().reply_cache(false);
+        let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
+        self.replies.put(backend.as_ref(), verb, body, max_reply, &reply, reads);
+        Ok(reply)
+    }
+
+    /// One call of the guest's `handle`, and what it read (see [`cache`]).
+    pub async fn handle_uncached(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<(Reply, Option<Vec<cache::Read>>)> {
         let mut inst = self.checkout(backend, limits).await?;
+        inst.store.data_mut().reads = Some(Vec::new());
         let started = std::time::Instant::now();
         let r = match inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await {
             Ok(v) => v,
             Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
         };
         crate::metrics::metrics().guest_call("handle", started.elapsed());
+        let reads = inst.store.data_mut().reads.take();
         self.checkin(inst);
         let code = match r.code {
             api::ReplyCode::Ok => ReplyCode::Ok,
@@ -513,7 +541,7 @@ impl Guest {
             api::ReplyCode::Unavailable => ReplyCode::Unavailable,
             api::ReplyCode::Internal => ReplyCode::Internal,
         };
-        Ok(Reply { code, body: r.body })
+        Ok((Reply { code, body: r.body }, reads))
     }
 }
 
