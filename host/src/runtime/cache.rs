@@ -25,9 +25,12 @@ pub type Read = (String, Arc<Mirror>, u64);
 /// (verb, request body, reply budget)
 type Key = (String, Vec<u8>, u32);
 
+/// The replies kept, each with what it read, and their bytes in all.
+type Kept = (HashMap<Key, (Reply, Vec<Read>)>, usize);
+
 #[derive(Default)]
 pub struct ReplyCache {
-    kept: Mutex<(HashMap<Key, (Reply, Vec<Read>)>, usize)>,
+    kept: Mutex<Kept>,
 }
 
 impl ReplyCache {

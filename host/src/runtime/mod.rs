@@ -5,7 +5,8 @@
 //! and serve a bounded number of calls ([`Options::reuse`]); each call has an epoch deadline and
 //! the store a memory limit. A trap, a deadline or an exhausted limit is an [`ErrorKind::Guest`]
 //! error, the instance is dropped (never returned to the pool), and the next call starts clean. The guest's WASI context
-//! grants nothing: no preopened directories, environment, arguments or sockets.
+//! grants nothing: no preopened directories, environment, arguments or sockets. A verb call's
+//! reply may be served again from the reply cache ([`cache`]) while nothing it read changed.
 
 mod bindings;
 mod cache;
