@@ -413,9 +413,12 @@ async fn plain_replay(bus: &Bus) -> (usize, Duration) {
 /// the bucket; then a standby's takeover with warm mirrors.
 async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tempfile::TempDir) {
     let (n, floor) = plain_replay(bus).await;
+    // Short request timeouts: a request that went to the killed holder is lost, and waiting
+    // the client's default 10 s for it would be measured as the takeover.
     let answered = |c: Client| async move {
         loop {
-            if let Ok(m) = c.request("mesh-provisioner.provisioning", query.to_vec().into()).await {
+            let req = async_nats::Request::new().payload(query.to_vec().into()).timeout(Some(Duration::from_millis(200)));
+            if let Ok(m) = c.send_request("mesh-provisioner.provisioning", req).await {
                 if m.headers.is_none() {
                     return;
                 }
@@ -431,9 +434,12 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tem
         "cold start at {keys} keys: serve to the first answer {:.2} s; a plain ordered consumer reads the bucket ({n} keys) in {:.2} s: {:.2}× that floor",
         cold.as_secs_f64(), floor.as_secs_f64(), cold.as_secs_f64() / floor.as_secs_f64()
     );
-    let mut standby = Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s"]);
+    let mut standby =
+        Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
     let warm = Instant::now();
-    while !standby.log_text().contains("standing by") {
+    let ready = format!("{}/readyz", standby.http_url().await);
+    // Ready: the registry and node buckets' mirrors in sync (a standby answers 200 too).
+    while tests::browser::get(&ready).await.0 != 200 {
         assert!(warm.elapsed() < Duration::from_secs(600), "the standby never warmed");
         if let Ok(Some(s)) = standby.child.try_wait() {
             panic!("the standby exited: {s}");
