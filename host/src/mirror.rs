@@ -367,29 +367,7 @@ impl Mirror {
                 return Ok(self.scan_by_token(&pattern, slot, token, after, limit));
             }
         }
-        let s = self.read();
-        let start = match after {
-            Some(a) if a >= prefix.as_str() => Bound::Excluded(a),
-            _ => Bound::Included(prefix.as_str()),
-        };
-        let mut page = Page { revision: s.revision, ..Page::default() };
-        let mut visited = 0;
-        for (key, v) in s.entries.range::<str, _>((start, Bound::Unbounded)) {
-            visited += 1;
-            if !key.starts_with(prefix.as_str()) {
-                break;
-            }
-            if !matches(&pattern, key) {
-                continue;
-            }
-            if page.entries.len() == limit || page.full(key, &v.value) {
-                page.more = true;
-                break;
-            }
-            page.push(key, v);
-        }
-        self.visited.fetch_add(visited, Ordering::Relaxed);
-        Ok(page)
+        Ok(self.walk(&pattern, &prefix, after, limit))
     }
 
     /// A scan of a filter that starts with a wildcard, from the index of the filter's literal
@@ -411,7 +389,7 @@ impl Mirror {
         let Some(index) = s.by_token.iter().find(|i| i.slot == slot) else {
             drop(s);
             // (Only when every index a mirror may build is taken: never with the slots chosen.)
-            return self.walk(pattern, after, limit);
+            return self.walk(pattern, "", after, limit);
         };
         let hash = index.hasher.hash_one(token);
         let start = (hash, Arc::<str>::from(after.unwrap_or("")));
@@ -426,35 +404,35 @@ impl Mirror {
                 continue;
             }
             let Some(v) = s.entries.get(key) else { continue };
-            if page.entries.len() == limit || page.full(key, &v.value) {
-                page.more = true;
+            if !page.offer(key, v, limit) {
                 break;
             }
-            page.push(key, v);
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         page
     }
 
-    /// Every key after `after`, matched against `pattern`.
-    fn walk(&self, pattern: &[&str], after: Option<&str>, limit: usize) -> Page {
+    /// The keys from `prefix` on (every key with an empty one), after `after`, matched against
+    /// `pattern`: the ordered map walked only while keys start with the prefix.
+    fn walk(&self, pattern: &[&str], prefix: &str, after: Option<&str>, limit: usize) -> Page {
         let s = self.read();
         let start = match after {
-            Some(a) => Bound::Excluded(a),
-            None => Bound::Unbounded,
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
         };
         let mut page = Page { revision: s.revision, ..Page::default() };
         let mut visited = 0;
         for (key, v) in s.entries.range::<str, _>((start, Bound::Unbounded)) {
             visited += 1;
+            if !key.starts_with(prefix) {
+                break;
+            }
             if !matches(pattern, key) {
                 continue;
             }
-            if page.entries.len() == limit || page.full(key, &v.value) {
-                page.more = true;
+            if !page.offer(key, v, limit) {
                 break;
             }
-            page.push(key, v);
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         page
@@ -476,6 +454,17 @@ fn index_for<'a>(pattern: &[&'a str]) -> Option<(Slot, &'a str)> {
 }
 
 impl Page {
+    /// Adds the entry unless the page is full by count or by bytes (then marks it `more`);
+    /// whether it was added.
+    fn offer(&mut self, key: &str, v: &Stored, limit: usize) -> bool {
+        if self.entries.len() == limit || self.full(key, &v.value) {
+            self.more = true;
+            return false;
+        }
+        self.push(key, v);
+        true
+    }
+
     /// Whether adding this entry would take the page past [`MAX_PAGE_BYTES`] (never the first).
     fn full(&self, key: &str, value: &[u8]) -> bool {
         !self.entries.is_empty() && self.bytes + key.len() + value.len() > MAX_PAGE_BYTES
@@ -681,7 +670,7 @@ mod tests {
         }
         for f in &filters {
             let pattern: Vec<&str> = f.split('.').collect();
-            let want: Vec<String> = m.walk(&pattern, None, MAX_SCAN as usize).entries.into_iter().map(|e| e.key).collect();
+            let want: Vec<String> = m.walk(&pattern, "", None, MAX_SCAN as usize).entries.into_iter().map(|e| e.key).collect();
             // Read through in pages of 7, each from the last key handed back.
             let (mut got, mut after) = (Vec::new(), None::<String>);
             loop {
