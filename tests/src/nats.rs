@@ -250,10 +250,23 @@ impl Cluster {
         }
     }
 
-    /// Starts server `i` again on its store, port and passwords.
+    /// Starts server `i` again on its store, port and passwords. A few tries: its ports were
+    /// free when picked, but a test running beside this one may be probing for a free port
+    /// at the moment the server binds.
     pub async fn restart(&mut self, i: usize) {
         let dir = self.parked[i].take().expect("server down");
-        let server = Server::start_with(dir.path(), Some(self.ports[i]), Some(self.passwords.clone()), &self.blocks[i]).await.expect("cluster server starts");
+        let mut tries = 0;
+        let server = loop {
+            match Server::start_with(dir.path(), Some(self.ports[i]), Some(self.passwords.clone()), &self.blocks[i]).await {
+                Ok(s) => break s,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("cluster server {i} did not start ({e}): trying again");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => panic!("cluster server {i} starts: {e}\n{}", std::fs::read_to_string(dir.path().join("nats-server.log")).unwrap_or_default()),
+            }
+        };
         self.servers[i] = Some(Bus { server, dir });
     }
 
