@@ -117,7 +117,7 @@ pub async fn refresh_through(guest: &Guest, backend: &Arc<dyn Backend>, limits: 
                 work.push(batch);
             }
             Err(Failed::Guest(e)) => {
-                let change = batch.into_iter().next().expect("one change");
+                let Some(change) = batch.into_iter().next() else { continue };
                 tracing::warn!(bucket = change.bucket, key = ?change.key, "the plans this change moves cannot be refreshed: {e}; the rest of the mesh is, and this one is tried again when it changes");
                 followed.given_up.push((change, e));
             }

@@ -21,7 +21,7 @@ use async_nats::Client;
 use serde_json::{json, Value};
 use tokio::sync::RwLock;
 
-use crate::nats::{ask_within, host_binary, try_verify, Cluster, Host};
+use crate::nats::{answered_keys, ask_within, compiled_kinds, try_verify, Cluster, Host};
 
 /// The seat's TTL the hosts run with: short, so takeovers are quick.
 const TTL: Duration = Duration::from_secs(3);
@@ -207,7 +207,6 @@ impl Mesh {
                     _ => {}
                 }
             }
-            let _ = w.bucket;
         }
         failures
     }
@@ -237,30 +236,9 @@ impl Mesh {
     }
 }
 
-/// Every key the verb answers for `body` (entries and out of shape), with its revision.
-async fn all_keys(client: &Client, mut body: Value) -> Result<BTreeMap<String, u64>, String> {
-    let mut out = BTreeMap::new();
-    loop {
-        let (code, v) = ask_within(client, body.to_string().as_bytes(), Duration::from_secs(3)).await?;
-        if code.is_some() {
-            return Err(format!("error {code:?}: {v}"));
-        }
-        for e in v["entries"].as_array().into_iter().flatten().chain(v["out_of_shape"].as_array().into_iter().flatten()) {
-            out.insert(e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0));
-        }
-        match v.get("next") {
-            Some(n) => body["after"] = n.clone(),
-            None => return Ok(out),
-        }
-    }
-}
-
-async fn compiled_kinds() -> Vec<String> {
-    let out = tokio::process::Command::new(host_binary()).arg("registry").arg("--component").arg(crate::component_path()).output().await.expect("registry");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut kinds: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect();
-    kinds.sort();
-    kinds
+/// Every key the verb answers for `body`, with its revision.
+async fn all_keys(client: &Client, body: Value) -> Result<BTreeMap<String, u64>, String> {
+    Ok(answered_keys(client, body, Duration::from_secs(3)).await?.into_iter().collect())
 }
 
 /// A writer: puts and deletes its node's keys, recording each acknowledged outcome.
@@ -356,13 +334,11 @@ pub async fn run(seed: u64, faults: u32) -> Report {
     let prov = cluster.client("mesh-provisioner").await;
     let mut mesh = Mesh { cluster, hosts: Vec::new(), next_instance: 0, writers: Vec::new(), gate: Arc::new(RwLock::new(())), asker, prov };
     mesh.spawn_host();
-    let first = mesh.hosts[0].1.child.id();
     {
         let (_, h) = &mut mesh.hosts[0];
         h.wait_answering(&mesh.asker).await;
     }
     mesh.spawn_host();
-    assert!(first.is_some());
     let kinds = compiled_kinds().await;
 
     let stop = Arc::new(AtomicBool::new(false));

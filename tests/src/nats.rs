@@ -501,6 +501,35 @@ pub async fn try_verify(url: &str, user: &str, password: &str) -> Result<(Option
     }
 }
 
+/// Every key (entries and out of shape) the verb answers for `body`, each page followed, with its
+/// revision, in the order answered; `Err` on an error reply or no reply within `timeout`.
+pub async fn answered_keys(client: &Client, mut body: Value, timeout: Duration) -> Result<Vec<(String, u64)>, String> {
+    let mut out = Vec::new();
+    loop {
+        let (code, v) = ask_within(client, body.to_string().as_bytes(), timeout).await?;
+        if code.is_some() {
+            return Err(format!("error {code:?}: {v}"));
+        }
+        for e in v["entries"].as_array().into_iter().flatten().chain(v["out_of_shape"].as_array().into_iter().flatten()) {
+            out.push((e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0)));
+        }
+        match v.get("next") {
+            Some(n) => body["after"] = n.clone(),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// The kinds of the registry the component compiles, as `mesh-provisioner registry` prints
+/// them (a kind and its row per line), sorted.
+pub async fn compiled_kinds() -> Vec<String> {
+    let out = Command::new(host_binary()).arg("registry").arg("--component").arg(crate::component_path()).output().await.expect("run registry");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut kinds: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_string)).collect();
+    kinds.sort();
+    kinds
+}
+
 /// The micro service's `$SRV.STATS` for the provisioning endpoint's `data`.
 pub async fn stats_data(client: &Client) -> Value {
     let m = client.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS answers");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv, stream};
 use async_nats::{Client, ConnectOptions};
 use serde_json::{json, Value};
-use tests::nats::{ask_ok, ask_raw, run_verify, stats_data, Bus, Host, RawServer};
+use tests::nats::{answered_keys, ask_ok, ask_raw, compiled_kinds, run_verify, stats_data, Bus, Host, RawServer};
 
 const OPEN: &str = r#"listen: "127.0.0.1:{{PORT}}"
 jetstream { store_dir: "{{DIR}}/js" }
@@ -44,18 +44,8 @@ async fn open(audit_every: &str, prepare: impl AsyncFnOnce(&jetstream::Context))
 
 /// The keys the verb answers for `what`, every page.
 async fn answered(client: &Client, what: &str) -> Vec<String> {
-    let mut keys = Vec::new();
-    let mut body = json!({ "what": what });
-    loop {
-        let v = ask_ok(client, body.clone()).await;
-        for e in v["entries"].as_array().into_iter().flatten().chain(v["out_of_shape"].as_array().into_iter().flatten()) {
-            keys.push(e["key"].as_str().unwrap_or_default().to_string());
-        }
-        match v.get("next") {
-            Some(n) => body["after"] = n.clone(),
-            None => return keys,
-        }
-    }
+    let keys = answered_keys(client, json!({ "what": what }), Duration::from_secs(5)).await.expect("the verb answers");
+    keys.into_iter().map(|(key, _)| key).collect()
 }
 
 /// Waits (bounded) until the needs answer holds exactly `n` keys.
@@ -199,16 +189,6 @@ async fn a_bucket_made_anew_is_followed_from_its_new_first_revision() {
     assert_eq!(code, Some(0), "{report}");
     o.host.stop().await;
     o.server.stop().await;
-}
-
-/// The registry the component compiles, as `mesh-provisioner registry` prints it: its keys.
-async fn compiled_kinds() -> Vec<String> {
-    let out = tokio::process::Command::new(tests::nats::host_binary()).arg("registry").arg("--component").arg(tests::component_path()).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut kinds: Vec<String> = text.lines().filter_map(|l| l.split_whitespace().next()).filter(|k| !k.is_empty() && *k != "kind" && !k.starts_with('-')).map(str::to_string).collect();
-    kinds.sort();
-    kinds
 }
 
 #[tokio::test]

@@ -527,7 +527,8 @@ impl Guest {
     /// One call of the guest's `handle`, and what it read (see [`cache`]).
     pub async fn handle_uncached(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<(Reply, Option<Vec<cache::Read>>)> {
         let mut inst = self.checkout(backend, limits).await?;
-        inst.store.data_mut().reads = Some(Vec::new());
+        // Recorded only for the cache: with it off, a call's reads are not worth the copies.
+        inst.store.data_mut().reads = self.runtime.options.reply_cache.then(Vec::new);
         let started = std::time::Instant::now();
         let r = match inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await {
             Ok(v) => v,
