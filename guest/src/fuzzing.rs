@@ -204,9 +204,13 @@ pub fn applied(data: &[u8]) {
 
 /// Value pass-through: any stored bytes are listed, and read back as exactly those bytes.
 pub fn value(data: &[u8]) {
-    let mut out = String::from("{\"k\":0");
-    crate::value::push_value(&mut out, data);
-    out.push('}');
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        k: u8,
+        #[serde(flatten)]
+        shown: crate::value::Shown<'a>,
+    }
+    let out = crate::value::to_json(&Line { k: 0, shown: crate::value::Shown::of(data) });
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     let back = match v["encoding"].as_str() {
         None => {

@@ -23,7 +23,9 @@ use crate::plan;
 use crate::provision::{self, Need};
 use crate::registry::{self, Answer};
 use crate::status::{self, applied_record, grouped, join, keyed_by_pair, pair_of, Applied, Check, Grouping, Pair, Place};
-use crate::value::{push_str, Obj};
+use crate::value::{raw, sources, to_json};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use crate::verb::{Code, Reply};
 
 /// Most modules one page looks at (each costs its plan and a check).
@@ -171,65 +173,69 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
 /// (the CLI follows every page and says all current only when each page does).
 pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
     let page = find(env, kind, name, node, after, limit)?;
-    let mut list = String::new();
-    let (mut last, mut cut, mut all_current, mut count) = (None::<String>, false, true, 0usize);
+    let mut list: Vec<Box<RawValue>> = Vec::new();
+    let (mut used, mut last, mut cut, mut all_current) = (0usize, None::<String>, false, true);
     let head = 160 + kind.len() + name.len() * 6;
     for h in &page.holders {
-        let mut item = String::new();
-        render(&mut item, h);
+        let item = raw(&Line::of(h));
         let key = format!("{}.{}", h.node, h.module);
-        if head + list.len() + item.len() + key.len() + 16 > budget {
+        if head + used + item.get().len() + key.len() + 16 > budget {
             if last.is_none() {
                 return Ok(Reply::error(Code::Internal, &format!("the holder {} cannot fit a reply of {budget} bytes", shorten(&key))));
             }
             cut = true;
             break;
         }
-        if !list.is_empty() {
-            list.push(',');
-        }
-        list.push_str(&item);
+        used += item.get().len() + 1;
+        list.push(item);
         all_current &= h.generation.currency == Currency::Current;
-        count += 1;
         last = Some(key);
     }
     // Past a cut, the page ends at the last holder listed; otherwise at the last module looked at.
     let next = if cut { last } else if page.more { page.last.clone() } else { None };
-    let mut body = String::with_capacity(list.len() + head);
-    let mut o = Obj::new(&mut body);
-    o.str("what", "holders").str("kind", kind).str("name", name);
-    o.raw("holders", &format!("[{list}]")).raw("count", &count.to_string()).raw("all_current", if all_current { "true" } else { "false" });
-    if let Some(n) = &next {
-        o.with("next", |out| push_str(out, n));
+    #[derive(Serialize)]
+    struct Page<'a> {
+        what: &'a str,
+        kind: &'a str,
+        name: &'a str,
+        holders: Vec<Box<RawValue>>,
+        count: usize,
+        all_current: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
     }
-    o.end();
+    let count = list.len();
+    let body = to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next });
     Ok(Reply { code: Code::Ok, body: body.into_bytes() })
 }
 
-fn render(out: &mut String, h: &Holder) {
-    let mut o = Obj::new(out);
-    o.str("node", &h.node).str("module", &h.module);
-    let source: Vec<&str> = [("recorded", h.recorded), ("planned", h.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
-    o.with("source", |out| crate::value::push_strs(out, &source));
-    push_place(&mut o, &h.place);
-    let g = &h.generation;
-    o.str("state", g.currency.name());
-    o.raw("applied_revision", &g.applied.map_or("null".into(), |r| r.to_string()));
-    o.raw("revision", &g.now.map_or("null".into(), |r| r.to_string()));
-    o.str("reason", &g.reason);
-    o.end();
+/// One holder, as `holders` lists it.
+#[derive(Serialize)]
+struct Line<'a> {
+    node: &'a str,
+    module: &'a str,
+    source: Vec<&'static str>,
+    #[serde(flatten)]
+    place: &'a Place,
+    state: &'static str,
+    applied_revision: Option<u64>,
+    revision: Option<u64>,
+    reason: &'a str,
 }
 
-/// The place's fields: `domain` and `bucket` + `key` (or `filter`), or `verb`.
-pub(crate) fn push_place(o: &mut Obj, place: &Place) {
-    match place {
-        Place::Bucket { domain, bucket, place, filter } => {
-            o.str("domain", domain).str("bucket", bucket).str(if *filter { "filter" } else { "key" }, place);
+impl<'a> Line<'a> {
+    fn of(h: &'a Holder) -> Self {
+        let g = &h.generation;
+        Line {
+            node: &h.node,
+            module: &h.module,
+            source: sources(h.recorded, h.planned),
+            place: &h.place,
+            state: g.currency.name(),
+            applied_revision: g.applied,
+            revision: g.now,
+            reason: &g.reason,
         }
-        Place::Verb { domain, verb } => {
-            o.str("domain", domain).str("verb", verb);
-        }
-        Place::Nowhere => {}
     }
 }
 
@@ -334,23 +340,38 @@ pub fn notices(env: &dyn Env, event: &Event) -> Result<Vec<Notice>, HostError> {
             if bucket != event.bucket || !(place == event.key || wild && matches(&place, &event.key)) {
                 continue;
             }
-            let mut body = String::new();
-            let mut o = Obj::new(&mut body);
-            o.str("node", &n).str("module", &m).str("kind", &need.kind).str("name", &need.name);
-            o.with("place", |out| {
-                let mut p = Obj::new(out);
-                p.str("bucket", &bucket).str("key", &event.key);
-                p.end();
+            let body = to_json(&NoticeBody {
+                node: &n,
+                module: &m,
+                kind: &need.kind,
+                name: &need.name,
+                place: NoticePlace { bucket: &bucket, key: &event.key },
+                revision: event.revision,
+                deleted: event.deleted,
             });
-            o.raw("revision", &event.revision.to_string());
-            if event.deleted {
-                o.raw("deleted", "true");
-            }
-            o.end();
             out.push(Notice { node: n.clone(), body: body.into_bytes() });
         }
     }
     Ok(out)
+}
+
+/// A notice's body: which need of which module changed, where, at which revision.
+#[derive(Serialize)]
+struct NoticeBody<'a> {
+    node: &'a str,
+    module: &'a str,
+    kind: &'a str,
+    name: &'a str,
+    place: NoticePlace<'a>,
+    revision: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+}
+
+#[derive(Serialize)]
+struct NoticePlace<'a> {
+    bucket: &'a str,
+    key: &'a str,
 }
 
 /// Most events one call handles; the rest go back to the host.

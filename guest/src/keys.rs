@@ -27,7 +27,7 @@ pub fn composed_node(bucket: &str) -> Option<&str> {
 }
 
 /// A key of `mesh-provisioner_needs`: `<node>.<module>.<kind>.<name>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NeedKey {
     pub node: String,
     pub module: String,
@@ -36,7 +36,7 @@ pub struct NeedKey {
 }
 
 /// A key of `mesh-provisioner_applied`: `<node>.<module>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AppliedKey {
     pub node: String,
     pub module: String,
@@ -50,7 +50,7 @@ pub struct ComposedKey {
 }
 
 /// A key of `mesh-provisioner_collect`: `<node>.<collection>.<contributor>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CollectKey {
     pub node: String,
     pub collection: String,

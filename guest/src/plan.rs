@@ -16,7 +16,8 @@ use crate::env::{Env, HostError};
 use crate::escape::{identifier_problem, shorten};
 use crate::keys::{composed, APPLIED, ASSIGNMENTS, BUILDS};
 use crate::provision;
-use crate::value::{push_list, push_strs, Obj};
+use crate::value::to_json;
+use serde::Serialize;
 
 /// The version of the kept-plan contents this guest writes and reads.
 pub const KEPT_FORMAT: u64 = 1;
@@ -88,11 +89,15 @@ pub struct Kept {
 
 impl Kept {
     pub fn to_bytes(&self, node: &str, module: &str) -> Vec<u8> {
-        let mut out = String::with_capacity(self.plan.raw.get().len() + 96);
-        let mut o = Obj::new(&mut out);
-        o.raw("format", &KEPT_FORMAT.to_string()).str("node", node).str("module", module).str("build", &self.build).raw("plan", self.plan.raw.get());
-        o.end();
-        out.into_bytes()
+        #[derive(Serialize)]
+        struct File<'a> {
+            format: u64,
+            node: &'a str,
+            module: &'a str,
+            build: &'a str,
+            plan: &'a RawValue,
+        }
+        to_json(&File { format: KEPT_FORMAT, node, module, build: &self.build, plan: &self.plan.raw }).into_bytes()
     }
 
     /// Reads kept bytes back, refusing another module's plan or another format.
@@ -304,14 +309,6 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     })
 }
 
-/// Appends the provisions of a plan's needs to `out` as a JSON list, in the plan's order.
-pub fn push_provisions(out: &mut String, node: &str, module: &str, plan: &Body) {
-    push_list(out, &plan.needs, |out, raw| match provision::need(raw) {
-        Ok(n) => provision::provision(out, node, module, &n),
-        Err(why) => provision::malformed(out, raw, &why),
-    });
-}
-
 impl Plan {
     /// The module's state and its reason: its first entry's, or `waiting` with nothing to plan.
     pub fn state(&self) -> (State, Option<String>) {
@@ -336,33 +333,66 @@ impl Plan {
 
     /// The answer of the verb `mesh-provisioner.plan`, as JSON text.
     pub fn render(&self) -> String {
-        let (state, reason) = self.state();
-        let mut out = String::with_capacity(4096);
-        let mut o = Obj::new(&mut out);
-        o.str("node", &self.node).str("module", &self.module).str("state", state.name()).opt_str("reason", reason.as_deref());
-        o.opt_str("want", self.want.as_deref()).opt_str("have", self.have.as_deref()).opt_str("newest", self.newest.as_deref());
-        if let Some(why) = &self.not_kept {
-            let said = format!("the host could not keep this plan ({why}); it tries again, and until it can, a refusal after a restart holds the module on an older plan or leaves it waiting");
-            o.str("not_kept", &said);
+        #[derive(Serialize)]
+        struct Answer<'a> {
+            node: &'a str,
+            module: &'a str,
+            state: &'static str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            reason: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            want: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            have: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            newest: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            not_kept: Option<String>,
+            entries: Vec<Line<'a>>,
         }
-        o.with("entries", |out| {
-            push_list(out, &self.entries, |out, e| {
-                let mut o = Obj::new(out);
-                o.with("as", |out| push_strs(out, &e.roles));
-                match &e.build {
-                    Some(b) => o.str("build", b),
-                    None => o.raw("build", "null"),
-                };
-                o.str("state", e.state.name()).opt_str("reason", e.reason.as_deref());
-                if let Some((build, plan)) = &e.plan {
-                    o.str("plan_build", build).raw("plan", plan.raw.get());
-                    o.with("provisions", |out| push_provisions(out, &self.node, &self.module, plan));
-                }
-                o.end();
-            });
+        #[derive(Serialize)]
+        struct Line<'a> {
+            #[serde(rename = "as")]
+            roles: &'a [&'static str],
+            build: Option<&'a str>,
+            state: &'static str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            reason: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            plan_build: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            plan: Option<&'a RawValue>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            provisions: Option<Vec<provision::Provision<'a>>>,
+        }
+        let (state, reason) = self.state();
+        let not_kept = self.not_kept.as_ref().map(|why| {
+            format!("the host could not keep this plan ({why}); it tries again, and until it can, a refusal after a restart holds the module on an older plan or leaves it waiting")
         });
-        o.end();
-        out
+        let entries = self
+            .entries
+            .iter()
+            .map(|e| Line {
+                roles: &e.roles,
+                build: e.build.as_deref(),
+                state: e.state.name(),
+                reason: e.reason.as_deref(),
+                plan_build: e.plan.as_ref().map(|(b, _)| b.as_str()),
+                plan: e.plan.as_ref().map(|(_, p)| &*p.raw),
+                provisions: e.plan.as_ref().map(|(_, p)| p.needs.iter().map(|raw| provision::provision(&self.node, &self.module, raw)).collect()),
+            })
+            .collect();
+        to_json(&Answer {
+            node: &self.node,
+            module: &self.module,
+            state: state.name(),
+            reason,
+            want: self.want.as_deref(),
+            have: self.have.as_deref(),
+            newest: self.newest.as_deref(),
+            not_kept,
+            entries,
+        })
     }
 }
 

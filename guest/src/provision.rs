@@ -8,17 +8,19 @@
 //! `filter` rather than a `key`. A kind no domain answers is `unanswered`; a need whose name does
 //! not fit its kind is `malformed` with the reason. No need is dropped.
 
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::escape::{encode, identifier_problem, name_problem, shorten};
 use crate::registry::{self, Answer, Domain};
-use crate::value::Obj;
 
 /// One need of a plan, as the composition lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Need {
     pub kind: String,
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub part: Option<String>,
 }
 
@@ -43,39 +45,60 @@ pub fn need(v: &Value) -> Result<Need, String> {
     })
 }
 
-/// Appends the provision of one need of `module` on `node` to `out`, as a JSON object.
-pub fn provision(out: &mut String, node: &str, module: &str, need: &Need) {
-    let mut o = Obj::new(out);
-    o.str("kind", &need.kind).str("name", &need.name);
-    if let Some(part) = &need.part {
-        o.str("part", part);
-    }
-    match resolve(node, module, need) {
-        Resolved::Verb { domain, verb } => {
-            o.str("domain", domain).str("verb", verb);
-        }
-        Resolved::Bucket { domain, bucket, collection, place, wild } => {
-            o.str("domain", &domain).str("bucket", &bucket);
-            if let Some(c) = &collection {
-                o.str("collection", c);
-            }
-            o.str(if wild { "filter" } else { "key" }, &place);
-        }
-        Resolved::Unanswered(reason) => {
-            o.raw("unanswered", "true").str("reason", &reason);
-        }
-        Resolved::Malformed(reason) => {
-            o.raw("malformed", "true").str("reason", &reason);
-        }
-    }
-    o.end();
+/// The provision of one need of a plan, as the plan verb lists it: the need and where its
+/// value is found, or the need as written and why it cannot be read.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(crate) enum Provision<'a> {
+    Read {
+        #[serde(flatten)]
+        need: Need,
+        #[serde(flatten)]
+        resolved: Resolved,
+    },
+    Unreadable { need: &'a Value, malformed: bool, reason: String },
 }
 
-/// Appends the provision of a need the plan lists in a shape that cannot be read.
-pub fn malformed(out: &mut String, raw: &Value, reason: &str) {
-    let mut o = Obj::new(out);
-    o.raw("need", &raw.to_string()).raw("malformed", "true").str("reason", reason);
-    o.end();
+/// The provision of `raw`, a need of `module` on `node` as its plan lists it.
+pub(crate) fn provision<'a>(node: &str, module: &str, raw: &'a Value) -> Provision<'a> {
+    match need(raw) {
+        Ok(need) => {
+            let resolved = resolve(node, module, &need);
+            Provision::Read { need, resolved }
+        }
+        Err(reason) => Provision::Unreadable { need: raw, malformed: true, reason },
+    }
+}
+
+/// Flattened into a provision: `domain` and `verb`, or `domain`, `bucket` (`collection`) and
+/// `key` (or `filter`), or `unanswered`/`malformed` with the reason.
+impl Serialize for Resolved {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        match self {
+            Resolved::Verb { domain, verb } => {
+                m.serialize_entry("domain", domain)?;
+                m.serialize_entry("verb", verb)?;
+            }
+            Resolved::Bucket { domain, bucket, collection, place, wild } => {
+                m.serialize_entry("domain", domain)?;
+                m.serialize_entry("bucket", bucket)?;
+                if let Some(c) = collection {
+                    m.serialize_entry("collection", c)?;
+                }
+                m.serialize_entry(if *wild { "filter" } else { "key" }, place)?;
+            }
+            Resolved::Unanswered(reason) => {
+                m.serialize_entry("unanswered", &true)?;
+                m.serialize_entry("reason", reason)?;
+            }
+            Resolved::Malformed(reason) => {
+                m.serialize_entry("malformed", &true)?;
+                m.serialize_entry("reason", reason)?;
+            }
+        }
+        m.end()
+    }
 }
 
 pub(crate) enum Resolved {
@@ -203,9 +226,8 @@ mod tests {
     use serde_json::json;
 
     fn at(kind: &str, name: &str) -> Value {
-        let mut out = String::new();
-        provision(&mut out, "alpha", "app", &Need { kind: kind.into(), name: name.into(), part: None });
-        serde_json::from_str(&out).expect("a provision is JSON")
+        let raw = json!({"kind": kind, "name": name});
+        serde_json::from_str(&crate::value::to_json(&provision("alpha", "app", &raw))).expect("a provision is JSON")
     }
 
     #[test]

@@ -20,7 +20,10 @@ use crate::keys::{composed, parse_applied, parse_assignment, parse_composed, par
 use crate::plan;
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
-use crate::value::{push_list, push_str, push_strs, Obj};
+use crate::value::{raw, sources, to_json};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use crate::verb::{Code, Reply};
 
 /// Most modules one page of status holds: each costs a plan and a check per need.
@@ -109,9 +112,10 @@ impl State {
 
 /// A key in a module's scope that does not fit its bucket's shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize)]
 pub struct OutOfShape {
-    pub bucket: &'static str,
     pub key: String,
+    pub bucket: &'static str,
     pub revision: u64,
     pub reason: String,
 }
@@ -539,88 +543,151 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     let limit = limit.min(MAX_MODULES);
     let page = modules(env, node, module, after, limit)?;
     let head_len = 64;
-    let (mut entries, mut shapes) = (String::new(), String::new());
-    let (mut revision, mut last, mut cut) = (0u64, None::<String>, false);
+    let (mut entries, mut shapes): (Vec<Box<RawValue>>, Vec<Box<RawValue>>) = (Vec::new(), Vec::new());
+    let (mut used, mut revision, mut last, mut cut) = (0usize, 0u64, None::<String>, false);
     for (n, m) in &page.pairs {
         let s = self::module(env, n, m)?;
-        let (mut entry, mut shape) = (String::new(), String::new());
-        render(&mut entry, &s);
-        for o in &s.out_of_shape {
-            if !shape.is_empty() {
-                shape.push(',');
-            }
-            let mut w = Obj::new(&mut shape);
-            w.str("key", &o.key).str("bucket", o.bucket).raw("revision", &o.revision.to_string()).str("reason", &o.reason);
-            w.end();
-        }
+        let entry = raw(&Line::of(&s));
+        let shape: Vec<Box<RawValue>> = s.out_of_shape.iter().map(raw).collect();
+        let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();
         let key = join(&(n.clone(), m.clone()));
         let next_len = key.len() + 12;
-        if head_len + entries.len() + shapes.len() + entry.len() + shape.len() + next_len + 2 > budget {
+        if head_len + used + size + next_len + 2 > budget {
             if last.is_none() {
-                let why = format!("the status of {} ({} bytes) cannot fit a reply of {budget} bytes", shorten(&key), entry.len() + shape.len());
+                let why = format!("the status of {} ({size} bytes) cannot fit a reply of {budget} bytes", shorten(&key));
                 return Ok(Reply::error(Code::Internal, &why));
             }
             cut = true;
             break;
         }
-        for (list, item) in [(&mut entries, entry), (&mut shapes, shape)] {
-            if !item.is_empty() {
-                if !list.is_empty() {
-                    list.push(',');
-                }
-                list.push_str(&item);
-            }
-        }
+        used += size + 1;
+        entries.push(entry);
+        shapes.extend(shape);
         revision = revision.max(s.revision);
         last = Some(key);
     }
-    let mut body = format!("{{\"what\":\"status\",\"revision\":{revision},\"entries\":[{entries}],\"out_of_shape\":[{shapes}]");
-    if page.more || cut {
-        if let Some(l) = &last {
-            body.push_str(",\"next\":");
-            push_str(&mut body, l);
-        }
+    #[derive(Serialize)]
+    struct Page {
+        what: &'static str,
+        revision: u64,
+        entries: Vec<Box<RawValue>>,
+        out_of_shape: Vec<Box<RawValue>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
     }
-    body.push('}');
+    let next = if page.more || cut { last } else { None };
+    let body = to_json(&Page { what: "status", revision, entries, out_of_shape: shapes, next });
     Ok(Reply { code: Code::Ok, body: body.into_bytes() })
 }
 
-/// One module's status as a JSON object.
-pub fn render(out: &mut String, s: &ModuleStatus) {
-    let mut o = Obj::new(out);
-    o.str("node", &s.node).str("module", &s.module).str("state", s.state.name()).str("reason", &s.reason);
-    o.opt_str("want", s.want.as_deref()).opt_str("have", s.have.as_deref()).opt_str("applied_at", s.applied_at.as_deref());
-    o.with("needs", |out| {
-        push_list(out, &s.needs, |out, n| {
-            let mut o = Obj::new(out);
-            o.str("kind", &n.kind).str("name", &n.name);
-            o.opt_str("part", n.part.as_deref());
-            let source: Vec<&str> = [("recorded", n.recorded), ("planned", n.planned)].iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
-            o.with("source", |out| push_strs(out, &source));
-            crate::holders::push_place(&mut o, &n.place);
-            o.str("check", n.check.name());
-            o.opt_str("generation", n.generation.map(|g| g.name()));
-            match n.check {
-                Check::Present { revision, applied } => {
-                    o.raw("revision", &revision.to_string());
-                    if let Some(a) = applied {
-                        o.raw("applied_revision", &a.to_string());
-                    }
-                }
-                Check::Stale { applied, revision } => {
-                    o.raw("revision", &revision.to_string()).raw("applied_revision", &applied.to_string());
-                }
-                Check::Collected { items, revision } => {
-                    o.raw("items", &items.to_string()).raw("revision", &revision.to_string());
-                }
-                Check::Answered { responders } => {
-                    o.raw("responders", &responders.to_string());
-                }
-                _ => {}
+/// One module's status, as `status` lists it.
+#[derive(Serialize)]
+pub struct Line<'a> {
+    node: &'a str,
+    module: &'a str,
+    state: &'static str,
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    want: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    have: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    applied_at: Option<&'a str>,
+    needs: Vec<NeedLine<'a>>,
+}
+
+impl<'a> Line<'a> {
+    pub fn of(s: &'a ModuleStatus) -> Self {
+        Line {
+            node: &s.node,
+            module: &s.module,
+            state: s.state.name(),
+            reason: &s.reason,
+            want: s.want.as_deref(),
+            have: s.have.as_deref(),
+            applied_at: s.applied_at.as_deref(),
+            needs: s.needs.iter().map(NeedLine::of).collect(),
+        }
+    }
+}
+
+/// One need of a module's status.
+#[derive(Serialize)]
+pub struct NeedLine<'a> {
+    kind: &'a str,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<&'a str>,
+    source: Vec<&'static str>,
+    #[serde(flatten)]
+    place: &'a Place,
+    check: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<&'static str>,
+    #[serde(flatten)]
+    found: &'a Check,
+    reason: &'a str,
+}
+
+impl<'a> NeedLine<'a> {
+    fn of(n: &'a NeedStatus) -> Self {
+        NeedLine {
+            kind: &n.kind,
+            name: &n.name,
+            part: n.part.as_deref(),
+            source: sources(n.recorded, n.planned),
+            place: &n.place,
+            check: n.check.name(),
+            generation: n.generation.map(|g| g.name()),
+            found: &n.check,
+            reason: &n.reason,
+        }
+    }
+}
+
+/// Flattened into a need or a holder: `domain` and `bucket` + `key` (or `filter`), or `domain`
+/// and `verb`; nothing for a need nowhere.
+impl Serialize for Place {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        match self {
+            Place::Bucket { domain, bucket, place, filter } => {
+                m.serialize_entry("domain", domain)?;
+                m.serialize_entry("bucket", bucket)?;
+                m.serialize_entry(if *filter { "filter" } else { "key" }, place)?;
             }
-            o.str("reason", &n.reason);
-            o.end();
-        });
-    });
-    o.end();
+            Place::Verb { domain, verb } => {
+                m.serialize_entry("domain", domain)?;
+                m.serialize_entry("verb", verb)?;
+            }
+            Place::Nowhere => {}
+        }
+        m.end()
+    }
+}
+
+/// Flattened into a need: what its check found (revisions, items, responders).
+impl Serialize for Check {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        match *self {
+            Check::Present { revision, applied } => {
+                m.serialize_entry("revision", &revision)?;
+                if let Some(a) = applied {
+                    m.serialize_entry("applied_revision", &a)?;
+                }
+            }
+            Check::Stale { applied, revision } => {
+                m.serialize_entry("revision", &revision)?;
+                m.serialize_entry("applied_revision", &applied)?;
+            }
+            Check::Collected { items, revision } => {
+                m.serialize_entry("items", &items)?;
+                m.serialize_entry("revision", &revision)?;
+            }
+            Check::Answered { responders } => m.serialize_entry("responders", &responders)?,
+            _ => {}
+        }
+        m.end()
+    }
 }

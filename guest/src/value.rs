@@ -1,125 +1,116 @@
-//! Passing stored values through to a reply without losing any (SPEC §3): JSON as it is, other
-//! UTF-8 as a string marked `"encoding":"utf-8"`, anything else as base64 marked
-//! `"encoding":"base64"`.
+//! Answers as JSON, written by serde from borrowed structs, and stored values passed through to
+//! a reply without losing any (SPEC §3): JSON as it is, other UTF-8 as a string marked
+//! `"encoding":"utf-8"`, anything else as base64 marked `"encoding":"base64"`.
+//!
+//! Every answer is a `#[derive(Serialize)]` struct over the data it shows (values as
+//! [`RawValue`], never parsed into a tree); pages are cut by size, so an entry is rendered on its
+//! own ([`raw`]) and its length counted before it joins the page. Measured against the hand
+//! written writer this replaced: see ARCHITECTURE.md, "Benchmarks".
 
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Serialize;
 use serde_json::value::RawValue;
 
-/// Appends `s` to `out` as a JSON string (RFC 8259 §7: `"`, `\\` and controls escaped).
-pub fn push_str(out: &mut String, s: &str) {
-    out.push('"');
-    let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let esc: &str = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&s[start..i]);
-        if esc.is_empty() {
-            out.push_str(&format!("\\u{b:04x}"));
-        } else {
-            out.push_str(esc);
-        }
-        start = i + 1;
-    }
-    out.push_str(&s[start..]);
-    out.push('"');
+/// `v` as JSON text. Serializing the answers' own structs cannot fail (string keys only, no
+/// fallible `Serialize`); were it ever to, the text says so instead of panicking.
+pub fn to_json<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":{{\"code\":\"internal\",\"message\":{:?}}}}}", e.to_string()))
 }
 
-/// Appends a JSON list to `out`, each item written by `item`.
-pub fn push_list<T>(out: &mut String, items: impl IntoIterator<Item = T>, mut item: impl FnMut(&mut String, T)) {
-    out.push('[');
-    for (i, it) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        item(out, it);
-    }
-    out.push(']');
+/// `v` rendered alone, to be counted and then placed in a page as it is.
+pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
-/// Appends a JSON list of strings to `out`.
-pub fn push_strs<S: AsRef<str>>(out: &mut String, items: &[S]) {
-    push_list(out, items, |out, s| push_str(out, s.as_ref()));
+/// The bytes `s` takes as a JSON string, quotes included, as serde_json writes it.
+pub fn escaped_len(s: &str) -> usize {
+    2 + s.chars().map(escaped_char_len).sum::<usize>()
 }
 
-/// Writes one JSON object field by field, straight into a string: answers are rendered without
-/// building a tree of values first.
-pub struct Obj<'a> {
-    out: &'a mut String,
-    first: bool,
-}
-
-impl<'a> Obj<'a> {
-    pub fn new(out: &'a mut String) -> Self {
-        out.push('{');
-        Obj { out, first: true }
-    }
-
-    fn key(&mut self, k: &str) {
-        if !self.first {
-            self.out.push(',');
-        }
-        self.first = false;
-        push_str(self.out, k);
-        self.out.push(':');
-    }
-
-    /// A string field.
-    pub fn str(&mut self, k: &str, v: &str) -> &mut Self {
-        self.key(k);
-        push_str(self.out, v);
-        self
-    }
-
-    /// A string field, only when there is a value.
-    pub fn opt_str(&mut self, k: &str, v: Option<&str>) -> &mut Self {
-        if let Some(v) = v {
-            self.str(k, v);
-        }
-        self
-    }
-
-    /// A field whose value is already JSON text.
-    pub fn raw(&mut self, k: &str, json: &str) -> &mut Self {
-        self.key(k);
-        self.out.push_str(json);
-        self
-    }
-
-    /// A field whose value `f` writes.
-    pub fn with(&mut self, k: &str, f: impl FnOnce(&mut String)) -> &mut Self {
-        self.key(k);
-        f(self.out);
-        self
-    }
-
-    pub fn end(self) {
-        self.out.push('}');
+/// The bytes one character takes inside a JSON string, as serde_json writes it.
+pub fn escaped_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
     }
 }
 
-/// Appends `,"value":…` (and `,"encoding":…` when the bytes are not JSON) to `out`.
+/// Which of `recorded` and `planned` a holder or need comes from, as a list.
+pub fn sources(recorded: bool, planned: bool) -> Vec<&'static str> {
+    [("recorded", recorded), ("planned", planned)].into_iter().filter(|(_, on)| *on).map(|(s, _)| s).collect()
+}
+
+/// A stored value as a reply shows it, flattened into its entry: `value`, and `encoding` when
+/// the bytes are not JSON.
 ///
 /// Only JSON every reader can read is passed through as it is: a number out of any float's
 /// range (`7E77777…`, found by fuzzing) fits the grammar but makes common parsers, this
 /// project's `query` among them, refuse the whole reply; such a value goes as text.
-pub fn push_value(out: &mut String, bytes: &[u8]) {
-    out.push_str(",\"value\":");
-    let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).is_ok());
-    if let Some(raw) = readable {
-        out.push_str(raw.get());
-    } else if let Ok(text) = std::str::from_utf8(bytes) {
-        push_str(out, text);
-        out.push_str(",\"encoding\":\"utf-8\"");
-    } else {
-        out.push('"');
-        out.push_str(&base64(bytes));
-        out.push_str("\",\"encoding\":\"base64\"");
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum Shown<'a> {
+    Json { value: &'a RawValue },
+    Text { value: &'a str, encoding: &'static str },
+    Binary { value: String, encoding: &'static str },
+}
+
+impl<'a> Shown<'a> {
+    pub fn of(bytes: &'a [u8]) -> Self {
+        let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| serde_json::from_str::<Readable>(raw.get()).is_ok());
+        if let Some(raw) = readable {
+            Shown::Json { value: raw }
+        } else if let Ok(text) = std::str::from_utf8(bytes) {
+            Shown::Text { value: text, encoding: "utf-8" }
+        } else {
+            Shown::Binary { value: base64(bytes), encoding: "base64" }
+        }
+    }
+}
+
+/// JSON a reader can hold: read through `deserialize_any` as a tree would be (so numbers are
+/// checked against a float's range and strings' escapes decoded), but nothing is kept.
+struct Readable;
+
+impl<'de> Deserialize<'de> for Readable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Readable)
+    }
+}
+
+impl<'de> Visitor<'de> for Readable {
+    type Value = Readable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Readable, A::Error> {
+        while seq.next_element::<Readable>()?.is_some() {}
+        Ok(Readable)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Readable, A::Error> {
+        while map.next_key::<Readable>()?.is_some() {
+            map.next_value::<Readable>()?;
+        }
+        Ok(Readable)
     }
 }
 
@@ -146,39 +137,41 @@ mod tests {
     use super::*;
 
     fn render(bytes: &[u8]) -> String {
-        let mut s = String::new();
-        push_value(&mut s, bytes);
-        s
+        #[derive(Serialize)]
+        struct Line<'a> {
+            k: u8,
+            #[serde(flatten)]
+            shown: Shown<'a>,
+        }
+        to_json(&Line { k: 0, shown: Shown::of(bytes) })
     }
 
     #[test]
     fn passes_json_through_as_it_is() {
-        assert_eq!(render(br#"{"line":"export X=1"}"#), r#","value":{"line":"export X=1"}"#);
-        assert_eq!(render(b"42"), r#","value":42"#);
+        assert_eq!(render(br#"{"line":"export X=1"}"#), r#"{"k":0,"value":{"line":"export X=1"}}"#);
+        assert_eq!(render(b"42"), r#"{"k":0,"value":42}"#);
+        assert_eq!(render(br#"{"b":[1,{"c":null}],"a":"\u00e9"}"#), r#"{"k":0,"value":{"b":[1,{"c":null}],"a":"\u00e9"}}"#);
     }
 
     #[test]
-    fn passes_a_number_no_reader_can_hold_as_text() {
-        let bytes = b"77777777E77333333333333333333333";
-        let out = format!("{{\"k\":0{}}}", render(bytes));
-        let v: serde_json::Value = serde_json::from_str(&out).expect("the reply stays readable");
-        assert_eq!((v["value"].as_str(), v["encoding"].as_str()), (Some("77777777E77333333333333333333333"), Some("utf-8")));
+    fn passes_what_no_reader_can_hold_as_text() {
+        for bytes in [&b"77777777E77333333333333333333333"[..], br#"{"x":[1e999]}"#, br#"{"\ud800":1}"#, br#"["\udfff"]"#] {
+            let v: serde_json::Value = serde_json::from_str(&render(bytes)).expect("the reply stays readable");
+            assert_eq!((v["value"].as_str(), v["encoding"].as_str()), (std::str::from_utf8(bytes).ok(), Some("utf-8")));
+        }
     }
 
     #[test]
     fn marks_text_and_binary_values() {
-        assert_eq!(render(b"plain text"), r#","value":"plain text","encoding":"utf-8""#);
-        assert_eq!(render(b""), r#","value":"","encoding":"utf-8""#);
-        assert_eq!(render(&[0xff, 0x00, 0x41]), r#","value":"/wBB","encoding":"base64""#);
+        assert_eq!(render(b"plain text"), r#"{"k":0,"value":"plain text","encoding":"utf-8"}"#);
+        assert_eq!(render(b""), r#"{"k":0,"value":"","encoding":"utf-8"}"#);
+        assert_eq!(render(&[0xff, 0x00, 0x41]), r#"{"k":0,"value":"/wBB","encoding":"base64"}"#);
     }
 
     #[test]
-    fn writes_json_strings_serde_can_read_back() {
-        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r", "é ✓", ""] {
-            let mut s = String::new();
-            push_str(&mut s, text);
-            assert_eq!(serde_json::from_str::<String>(&s).unwrap(), text);
-            assert_eq!(s, serde_json::to_string(text).unwrap());
+    fn counts_a_string_as_serde_writes_it() {
+        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f}", "é ✓", ""] {
+            assert_eq!(escaped_len(text), serde_json::to_string(text).unwrap().len(), "{text:?}");
         }
     }
 

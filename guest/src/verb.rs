@@ -9,7 +9,9 @@ use crate::env::{Entry, Env, HostError};
 use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need, parse_registry};
 use crate::request::{self, Query, What};
-use crate::value::{push_str, push_value};
+use crate::value::{escaped_char_len, escaped_len, raw, to_json, Shown};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
 pub const PLAN: &str = "mesh-provisioner.plan";
@@ -45,12 +47,17 @@ impl Reply {
     /// bytes), the reply fits the smallest budget: a message whose escaped form is longer than
     /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
     pub fn error(code: Code, message: &str) -> Reply {
-        let mut s = String::from("{\"error\":{\"code\":\"");
-        s.push_str(code.name());
-        s.push_str("\",\"message\":");
-        push_str(&mut s, &within_message(message));
-        s.push_str("}}");
-        Reply { code, body: s.into_bytes() }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            error: Error<'a>,
+        }
+        #[derive(Serialize)]
+        struct Error<'a> {
+            code: &'a str,
+            message: &'a str,
+        }
+        let body = to_json(&Body { error: Error { code: code.name(), message: &within_message(message) } });
+        Reply { code, body: body.into_bytes() }
     }
 
     fn from_host(e: HostError) -> Reply {
@@ -71,14 +78,9 @@ pub const MAX_MESSAGE: usize = 1024;
 
 /// `message`, cut so that its JSON-escaped form takes at most [`MAX_MESSAGE`] bytes.
 fn within_message(message: &str) -> std::borrow::Cow<'_, str> {
-    let escaped_len = |c: char| match c {
-        '"' | '\\' | '\n' | '\r' | '\t' => 2,
-        c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
-    };
     let (mut used, mut end) = (0, 0);
     for (i, c) in message.char_indices() {
-        used += escaped_len(c);
+        used += escaped_char_len(c);
         if used > MAX_MESSAGE - 3 {
             return format!("{}…", &message[..end]).into();
         }
@@ -209,94 +211,86 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
     Ok(Reply { code: Code::Ok, body })
 }
 
-/// One rendered line of the answer.
-enum Item {
-    Entry(String),
-    OutOfShape(String),
+/// One line of the answer: an entry, or a key out of shape with its reason.
+#[derive(Serialize)]
+struct Line<'a> {
+    key: &'a str,
+    #[serde(flatten)]
+    fields: Option<Fields>,
+    revision: u64,
+    #[serde(flatten)]
+    tail: Tail<'a>,
 }
 
-fn item(what: What, e: &Entry) -> Item {
-    let mut s = String::from("{\"key\":");
-    push_str(&mut s, &e.key);
-    let field = |s: &mut String, name: &str, v: &str| {
-        s.push_str(",\"");
-        s.push_str(name);
-        s.push_str("\":");
-        push_str(s, v);
-    };
-    let parsed = match what {
-        What::Registry => parse_registry(&e.key).map(|kind| field(&mut s, "kind", &kind)),
-        What::Needs => parse_need(&e.key).map(|k| {
-            field(&mut s, "node", &k.node);
-            field(&mut s, "module", &k.module);
-            field(&mut s, "kind", &k.kind);
-            field(&mut s, "name", &k.name);
-        }),
+/// What the key says, by the bucket's shape.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Fields {
+    Registry { kind: String },
+    Need(keys::NeedKey),
+    Applied(keys::AppliedKey),
+    Collect(keys::CollectKey),
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Tail<'a> {
+    Value(Shown<'a>),
+    /// The rare value too large for any reply: its size instead.
+    Omitted { value_omitted: Omitted },
+    /// Why a key is out of shape.
+    Reason { reason: String },
+}
+
+#[derive(Serialize)]
+struct Omitted {
+    bytes: usize,
+    reason: &'static str,
+}
+
+/// The line of `e`, rendered, and whether it is out of shape; `value: false` lists an entry
+/// with its value's size instead of its value.
+fn line(what: What, e: &Entry, value: bool) -> (Box<RawValue>, bool) {
+    let fields = match what {
+        What::Registry => parse_registry(&e.key).map(|kind| Fields::Registry { kind }),
+        What::Needs => parse_need(&e.key).map(Fields::Need),
         // (`status` and `holders` list modules; never items of one bucket.)
-        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(|k| {
-            field(&mut s, "node", &k.node);
-            field(&mut s, "module", &k.module);
-        }),
-        What::Collect => parse_collect(&e.key).map(|k| {
-            field(&mut s, "node", &k.node);
-            field(&mut s, "collection", &k.collection);
-            field(&mut s, "contributor", &k.contributor);
-        }),
+        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(Fields::Applied),
+        What::Collect => parse_collect(&e.key).map(Fields::Collect),
     };
-    s.push_str(",\"revision\":");
-    s.push_str(&e.revision.to_string());
-    match parsed {
-        Ok(()) => {
-            push_value(&mut s, &e.value);
-            s.push('}');
-            Item::Entry(s)
-        }
-        Err(reason) => {
-            field(&mut s, "reason", &reason);
-            s.push('}');
-            Item::OutOfShape(s)
-        }
-    }
+    let (fields, tail) = match fields {
+        Ok(f) if value => (Some(f), Tail::Value(Shown::of(&e.value))),
+        Ok(f) => (Some(f), Tail::Omitted { value_omitted: Omitted { bytes: e.value.len(), reason: "larger than a reply may be" } }),
+        Err(reason) => (None, Tail::Reason { reason }),
+    };
+    let shaped = fields.is_none();
+    (raw(&Line { key: &e.key, fields, revision: e.revision, tail }), shaped)
 }
 
-/// The same entry without its value, for the rare value too large for any reply.
-fn without_value(what: What, e: &Entry) -> Item {
-    let mut lean = e.clone();
-    lean.value = Vec::new();
-    match item(what, &lean) {
-        Item::Entry(mut s) => {
-            s.truncate(s.len() - 1);
-            let cut = s.rfind(",\"value\":").unwrap_or(s.len());
-            s.truncate(cut);
-            s.push_str(&format!(",\"value_omitted\":{{\"bytes\":{},\"reason\":\"larger than a reply may be\"}}}}", e.value.len()));
-            Item::Entry(s)
-        }
-        shape => shape,
-    }
+/// A page of the answer.
+#[derive(Serialize)]
+struct Answer<'a> {
+    what: &'a str,
+    revision: u64,
+    entries: Vec<Box<RawValue>>,
+    out_of_shape: Vec<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<&'a str>,
 }
 
 fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize) -> Reply {
-    let head = format!("{{\"what\":\"{}\",\"revision\":{revision},\"entries\":[", what.name());
-    let mid = "],\"out_of_shape\":[";
-    let (mut entries, mut shapes) = (String::new(), String::new());
+    let mut page = Answer { what: what.name(), revision, entries: Vec::new(), out_of_shape: Vec::new(), next: None };
+    // `{"what":"…","revision":N,"entries":[],"out_of_shape":[]}`, then each line and its comma.
+    let mut used = to_json(&page).len();
     let mut cut_at: Option<usize> = None;
-    let mut scratch = String::new();
     for (i, e) in found.iter().enumerate() {
-        let mut it = item(what, e);
-        scratch.clear();
-        push_str(&mut scratch, &e.key);
-        let next_len = scratch.len() + 10;
-        let fixed = head.len() + mid.len() + 2 + next_len;
-        let fits = |it: &Item, entries: &str, shapes: &str| {
-            let add = match it {
-                Item::Entry(s) | Item::OutOfShape(s) => s.len() + 1,
-            };
-            fixed + entries.len() + shapes.len() + add <= budget
-        };
-        if !fits(&it, &entries, &shapes) && i == 0 {
-            it = without_value(what, e);
+        let (mut it, mut shaped) = line(what, e, true);
+        // Room for `,"next":<this key>` should the page end here.
+        let fits = |it: &RawValue| used + it.get().len() + 1 + escaped_len(&e.key) + 8 <= budget;
+        if !fits(&it) && i == 0 {
+            (it, shaped) = line(what, e, false);
         }
-        if !fits(&it, &entries, &shapes) {
+        if !fits(&it) {
             if i == 0 {
                 // Not even its key fits: an empty page without `next` would end the listing
                 // here, silently. Say which key, so the operator can remove it or raise the
@@ -311,27 +305,14 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
             cut_at = Some(i);
             break;
         }
-        let (list, s) = match it {
-            Item::Entry(s) => (&mut entries, s),
-            Item::OutOfShape(s) => (&mut shapes, s),
-        };
-        if !list.is_empty() {
-            list.push(',');
-        }
-        list.push_str(&s);
+        used += it.get().len() + 1;
+        if shaped { page.out_of_shape.push(it) } else { page.entries.push(it) }
     }
     let included = cut_at.unwrap_or(found.len());
-    let mut body = head;
-    body.push_str(&entries);
-    body.push_str(mid);
-    body.push_str(&shapes);
-    body.push(']');
     if (more || cut_at.is_some()) && included > 0 {
-        body.push_str(",\"next\":");
-        push_str(&mut body, &found[included - 1].key);
+        page.next = Some(&found[included - 1].key);
     }
-    body.push('}');
-    Reply { code: Code::Ok, body: body.into_bytes() }
+    Reply { code: Code::Ok, body: to_json(&page).into_bytes() }
 }
 
 #[cfg(test)]

@@ -37,6 +37,11 @@ pub trait Backend: Send + Sync + 'static {
     /// The mirror of `bucket` served now, if any, without starting or waiting for one (the
     /// reply cache checks that what a reply read is still what is served).
     fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>>;
+    /// When the count of `service`'s responders that `responders` answers now was made, if it
+    /// is kept (the reply cache keeps a reply that used it only while this stays the same).
+    fn discovered_at(&self, _service: &str) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus
@@ -65,9 +70,12 @@ pub fn check_bucket(bucket: &str) -> Result<()> {
 /// Buckets in memory. Revisions count per bucket, as in a JetStream stream.
 pub struct MemoryBackend {
     mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
-    services: Mutex<HashMap<String, u32>>,
+    /// Each service's responders, and when that count was set (its discovery cache entry).
+    services: Mutex<HashMap<String, (u32, std::time::Instant)>>,
     writes: Mutex<u64>,
     kept: KeptPlans,
+    /// Reads of a bucket through [`Backend::mirror`] (every read the guest makes).
+    reads: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryBackend {
@@ -78,7 +86,7 @@ impl MemoryBackend {
 
     /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
     pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
-        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), writes: Mutex::default(), kept })
+        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), writes: Mutex::default(), kept, reads: Default::default() })
     }
 
     /// The bucket's mirror, created empty and ready if missing.
@@ -123,14 +131,20 @@ impl MemoryBackend {
         self.bucket(bucket).set_missing(true);
     }
 
-    /// Says that `count` instances of `service` answer discovery.
+    /// Says that `count` instances of `service` answer discovery: a new count, as a discovery
+    /// made now (kept until the next).
     pub fn set_responders(&self, service: &str, count: u32) {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).insert(service.to_string(), count);
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).insert(service.to_string(), (count, std::time::Instant::now()));
     }
 
     /// How many instances of `service` answer discovery (none unless set).
     pub fn responders_of(&self, service: &str) -> u32 {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).copied().unwrap_or(0)
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).map_or(0, |s| s.0)
+    }
+
+    /// How many times a bucket was read through the backend (each of the guest's reads).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many registry writes the guest has made.
@@ -164,6 +178,7 @@ impl Backend for MemoryBackend {
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(async move {
             check_bucket(bucket)?;
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(self.bucket(bucket))
         })
     }
@@ -185,5 +200,9 @@ impl Backend for MemoryBackend {
             check_service(service)?;
             Ok(self.responders_of(service))
         })
+    }
+
+    fn discovered_at(&self, service: &str) -> Option<std::time::Instant> {
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).map(|s| s.1)
     }
 }

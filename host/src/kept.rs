@@ -34,17 +34,30 @@ pub struct KeptPlans {
     /// modules whose plan changed while the directory failed are here, and a success removes
     /// them, so it holds no more than the mesh's modules.
     failures: Mutex<HashMap<(String, String), String>>,
+    /// Moves on every save and every failed save (the reply cache's check that kept plans are
+    /// as a reply read them).
+    version: std::sync::atomic::AtomicU64,
 }
 
 impl KeptPlans {
     /// Plans kept as files under `dir` (created on first save).
     pub fn files(dir: impl Into<PathBuf>) -> Self {
-        KeptPlans { dir: Some(dir.into()), memory: Mutex::default(), failures: Mutex::default() }
+        KeptPlans { dir: Some(dir.into()), memory: Mutex::default(), failures: Mutex::default(), version: Default::default() }
     }
 
     /// Plans kept in memory only, gone with the process.
     pub fn memory() -> Self {
-        KeptPlans { dir: None, memory: Mutex::default(), failures: Mutex::default() }
+        KeptPlans { dir: None, memory: Mutex::default(), failures: Mutex::default(), version: Default::default() }
+    }
+
+    /// Moves on every save (and failed save): whenever what `last_failure` answers, or what
+    /// this server wrote, may have changed.
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.version.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// The file of `module` on `node`, both checked to be plain file names first.
@@ -109,6 +122,7 @@ impl KeptPlans {
         let Some(path) = self.checked_path(node, module, plan)? else {
             let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
             m.insert((node.to_string(), module.to_string()), plan.to_vec());
+            self.bump();
             return Ok(());
         };
         let written = write_atomically(&path, &encode(plan));
@@ -118,6 +132,7 @@ impl KeptPlans {
     /// Records how a save went: a failure is kept (for `last_failure`) until a save succeeds.
     fn record(&self, node: &str, module: &str, path: &std::path::Path, written: std::io::Result<()>) -> Result<()> {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        self.bump();
         match written {
             Ok(()) => {
                 failures.remove(&(node.to_string(), module.to_string()));

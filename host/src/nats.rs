@@ -572,6 +572,11 @@ impl Backend for NatsBackend {
         &self.kept
     }
 
+    fn discovered_at(&self, service: &str) -> Option<Instant> {
+        let kept = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        kept.get(service).map(|(at, _)| *at).filter(|at| at.elapsed() < DISCOVERY_CACHE)
+    }
+
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
         Box::pin(async move {
             crate::backend::check_service(service)?;

@@ -261,15 +261,15 @@ async fn shed(client: &Client, which: usize, request: Message, micro: &Micro, ma
 }
 
 /// Sends a reply: the body alone when ok, else with the micro-service error headers.
-async fn send(client: &Client, reply_to: async_nats::Subject, code: ReplyCode, body: Vec<u8>) -> std::result::Result<(), async_nats::PublishError> {
+async fn send(client: &Client, reply_to: async_nats::Subject, code: ReplyCode, body: bytes::Bytes) -> std::result::Result<(), async_nats::PublishError> {
     match code {
-        ReplyCode::Ok => client.publish(reply_to, body.into()).await,
+        ReplyCode::Ok => client.publish(reply_to, body).await,
         other => {
             let mut headers = HeaderMap::new();
             let (status, number, _) = status_of(other);
             headers.insert(ERROR_HEADER, status);
             headers.insert(ERROR_CODE_HEADER, number.to_string().as_str());
-            client.publish_with_headers(reply_to, headers, body.into()).await
+            client.publish_with_headers(reply_to, headers, body).await
         }
     }
 }
@@ -324,8 +324,8 @@ async fn answer(client: &Client, which: usize, request: Message, backend: Arc<dy
 }
 
 /// The error body of the SPEC, for failures the guest could not answer itself.
-pub fn error_body(code: &str, message: &str) -> Vec<u8> {
-    json!({"error": {"code": code, "message": message}}).to_string().into_bytes()
+pub fn error_body(code: &str, message: &str) -> bytes::Bytes {
+    json!({"error": {"code": code, "message": message}}).to_string().into()
 }
 
 /// A UTC time as RFC 3339, to the second (the `time` crate's formatter).

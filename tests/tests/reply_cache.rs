@@ -1,7 +1,7 @@
 //! The reply cache (issue 14), on the real component over in-memory buckets: a kept reply is
-//! served only while every bucket it read is unchanged — never after a put, a delete, a bucket
-//! removed, a mirror rebuilt (a silent expiry) or resynced — checked against the guest itself
-//! after every step of a seeded random history.
+//! served only while everything it read is unchanged — never after a put, a delete, a bucket
+//! removed, a mirror rebuilt (a silent expiry) or resynced, a plan kept, a discovery count made
+//! again — checked against the guest itself after every step of a seeded random history.
 
 use std::sync::Arc;
 
@@ -43,6 +43,8 @@ fn request(rng: &mut Rng) -> Vec<u8> {
         r#"{"what":"collect","node":"alpha"}"#,
         r#"{"what":"registry"}"#,
         r#"{"what":"nonsense"}"#,
+        r#"{"what":"status","node":"alpha","module":"app"}"#,
+        r#"{"what":"status","node":"alpha"}"#,
     ];
     asks[rng.below(asks.len() as u64) as usize].as_bytes().to_vec()
 }
@@ -54,6 +56,9 @@ async fn a_kept_reply_is_never_served_after_a_bucket_it_read_changed() {
     let backend = b.clone() as Arc<dyn Backend>;
     let mut rng = Rng(1414);
     let mut asked = 0;
+    b.put("composed-alpha", "app.b1", tests::sample_composition().as_bytes());
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#);
+    b.put("mesh-provisioner_needs", "alpha.app.secret.db_password", br#"{"part":"api"}"#);
     for step in 0..4000 {
         match rng.below(10) {
             0..=2 => {
@@ -80,6 +85,18 @@ async fn a_kept_reply_is_never_served_after_a_bucket_it_read_changed() {
                 m.adopt(&staged);
             }
             5 if rng.below(20) == 0 => b.remove_bucket(BUCKETS[rng.below(3) as usize]),
+            // Discovery counts again (a new cache entry, the same count or another).
+            6 if rng.below(3) == 0 => b.set_responders("mesh-vault", rng.below(3) as u32),
+            // A plan kept (the module held on it while its want is not published) or the want moved.
+            7 if rng.below(3) == 0 => {
+                let build = format!("b{}", rng.below(3));
+                if rng.below(2) == 0 {
+                    let kept = format!(r#"{{"format":1,"node":"alpha","module":"app","build":"{build}","plan":{}}}"#, tests::sample_composition());
+                    b.kept().save("alpha", "app", kept.as_bytes()).expect("kept");
+                } else {
+                    b.put("mesh-controller_assignments", "alpha.app", format!(r#"{{"want":"{build}"}}"#).as_bytes());
+                }
+            }
             _ => {
                 let body = request(&mut rng);
                 let served = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", &body, 1 << 20).await.expect("answers");
@@ -101,6 +118,81 @@ async fn a_kept_reply_is_never_served_after_a_bucket_it_read_changed() {
     assert!(asked > 1000, "asked {asked}");
 }
 
+/// Asks `verb` with `body` through the cache and directly, and checks they agree; then asks
+/// again (a hit over the same data). Whether the first ask was a hit (it read nothing).
+async fn served_is_fresh(guest: &mesh_provisioner::runtime::Guest, b: &Arc<MemoryBackend>, step: usize, verb: &str, body: &[u8]) -> bool {
+    let backend = b.clone() as Arc<dyn Backend>;
+    let before = b.reads();
+    let served = guest.handle(backend.clone(), Limits::default(), verb, body, 1 << 20).await.expect("answers");
+    let hit = b.reads() == before;
+    let (fresh, _) = guest.handle_uncached(backend.clone(), Limits::default(), verb, body, 1 << 20).await.expect("answers");
+    assert_eq!(
+        String::from_utf8_lossy(&served.body),
+        String::from_utf8_lossy(&fresh.body),
+        "step {step}: {} served a kept reply that the guest no longer gives",
+        String::from_utf8_lossy(body)
+    );
+    assert_eq!(served.code, fresh.code);
+    assert_eq!(guest.handle(backend, Limits::default(), verb, body, 1 << 20).await.expect("answers"), served);
+    hit
+}
+
+/// The same over what `status` and the plan verb read besides buckets: discovery counts made
+/// again (the same count or another), plans kept, failed saves, wants moved.
+#[tokio::test]
+async fn a_kept_status_or_plan_is_never_served_after_a_count_or_a_kept_plan_changed() {
+    let guest = tests::guest();
+    let dir = tempfile::tempdir().unwrap();
+    let b = MemoryBackend::with_kept(mesh_provisioner::kept::KeptPlans::files(dir.path().join("plans")));
+    let composition = tests::sample_composition();
+    for module in ["app", "web"] {
+        b.put("composed-alpha", &format!("{module}.b1"), composition.as_bytes());
+        b.put("mesh-controller_assignments", &format!("alpha.{module}"), br#"{"want":"b1"}"#);
+        b.put("mesh-provisioner_needs", &format!("alpha.{module}.secret.db_password"), br#"{"part":"api"}"#);
+    }
+    let asks: [(&str, &[u8]); 5] = [
+        ("mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#),
+        ("mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha"}"#),
+        ("mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#),
+        ("mesh-provisioner.plan", br#"{"node":"alpha","module":"web"}"#),
+        ("mesh-provisioner.provisioning", br#"{"what":"needs","node":"alpha"}"#),
+    ];
+    let mut rng = Rng(1415);
+    let (mut hits, mut changes) = (0, 0);
+    for step in 0..1500 {
+        match rng.below(10) {
+            0 => {
+                b.set_responders("mesh-vault", rng.below(3) as u32);
+                changes += 1;
+            }
+            1 => {
+                let module = ["app", "web"][rng.below(2) as usize];
+                let kept = format!(r#"{{"format":1,"node":"alpha","module":"{module}","build":"b1","plan":{composition}}}"#);
+                // A failed save (the directory made a file) is kept as the reason the plan verb gives.
+                let blocked = rng.below(4) == 0;
+                if blocked {
+                    let _ = std::fs::remove_dir_all(dir.path().join("plans"));
+                    std::fs::write(dir.path().join("plans"), b"not a directory").unwrap();
+                }
+                let _ = b.kept().save("alpha", module, kept.as_bytes());
+                if blocked {
+                    std::fs::remove_file(dir.path().join("plans")).unwrap();
+                }
+                changes += 1;
+            }
+            2 if rng.below(2) == 0 => {
+                let module = ["app", "web"][rng.below(2) as usize];
+                b.put("mesh-controller_assignments", &format!("alpha.{module}"), format!(r#"{{"want":"b{}"}}"#, rng.below(2) + 1).as_bytes());
+            }
+            _ => {
+                let (verb, body) = asks[rng.below(asks.len() as u64) as usize];
+                hits += served_is_fresh(&guest, &b, step, verb, body).await as u32;
+            }
+        }
+    }
+    assert!(hits > 200 && changes > 200, "hits {hits}, changes {changes}");
+}
+
 #[tokio::test]
 async fn a_repeated_request_over_unchanged_buckets_does_not_call_the_guest() {
     let guest = tests::guest();
@@ -119,4 +211,43 @@ async fn a_repeated_request_over_unchanged_buckets_does_not_call_the_guest() {
     let third = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
     assert_ne!(third, first);
     assert!(String::from_utf8_lossy(&third.body).contains("\"b\""));
+}
+
+#[tokio::test]
+async fn a_plan_reply_is_kept_until_a_plan_is_kept() {
+    let guest = tests::guest();
+    let b = MemoryBackend::new();
+    b.put("composed-alpha", "app.b1", tests::sample_composition().as_bytes());
+    b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#);
+    let backend = b.clone() as Arc<dyn Backend>;
+    let ask = || guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#, 1 << 20);
+    let first = ask().await.unwrap();
+    assert!(String::from_utf8_lossy(&first.body).contains("\"planned\""), "{}", String::from_utf8_lossy(&first.body));
+    let reads = b.reads();
+    assert_eq!(ask().await.unwrap(), first);
+    assert_eq!(b.reads(), reads, "the second answer read nothing: the guest was not called");
+    // Keeping any plan (here another module's) moves the kept plans' version: asked again.
+    b.kept().save("beta", "web", b"{}").unwrap();
+    assert_eq!(ask().await.unwrap(), first);
+    assert!(b.reads() > reads, "a reply that read kept plans was served after a plan was kept");
+}
+
+#[tokio::test]
+async fn a_status_reply_is_kept_only_while_its_discovery_count_is() {
+    let guest = tests::guest();
+    let b = MemoryBackend::new();
+    b.put("mesh-provisioner_needs", "alpha.app.secret.db_password", br#"{"part":"api"}"#);
+    b.set_responders("mesh-vault", 1);
+    let backend = b.clone() as Arc<dyn Backend>;
+    let ask = || guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20);
+    let first = ask().await.unwrap();
+    assert!(String::from_utf8_lossy(&first.body).contains("\"responders\":1"), "{}", String::from_utf8_lossy(&first.body));
+    let reads = b.reads();
+    assert_eq!(ask().await.unwrap(), first);
+    assert_eq!(b.reads(), reads, "the second answer read nothing: the guest was not called");
+    // A new count (the discovery cache's entry made again) is a new answer.
+    b.set_responders("mesh-vault", 2);
+    let third = ask().await.unwrap();
+    assert!(b.reads() > reads, "a reply that used a discovery count was served after the count was made again");
+    assert!(String::from_utf8_lossy(&third.body).contains("\"responders\":2"), "{}", String::from_utf8_lossy(&third.body));
 }

@@ -57,7 +57,7 @@ async fn bounded<T>(
 async fn mirror(ctx: &mut Ctx, bucket: &str) -> Result<std::sync::Arc<crate::mirror::Mirror>, types::HostError> {
     let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
     match (&m, ctx.reads.as_mut()) {
-        (Ok(m), Some(reads)) => reads.push((bucket.to_string(), m.clone(), m.version())),
+        (Ok(m), Some(reads)) => reads.push(super::Read::Mirror { bucket: bucket.to_string(), mirror: m.clone(), version: m.version() }),
         (Err(_), _) => ctx.reads = None,
         _ => {}
     }
@@ -88,9 +88,13 @@ impl store::Host for Ctx {
 
 impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
-        // A count of responders is not a bucket's: a reply that used one is not kept.
-        self.reads = None;
-        Ok(bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await)
+        let n = bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
+        // A reply that used a count is kept only while the discovery cache keeps that count.
+        match (&n, self.backend.discovered_at(&service), self.reads.as_mut()) {
+            (Ok(_), Some(at), Some(reads)) => reads.push(super::Read::Discovery { service, at }),
+            _ => self.reads = None,
+        }
+        Ok(n)
     }
 }
 
@@ -108,6 +112,7 @@ impl registry_writer::Host for Ctx {
 
 impl kept_plans::Host for Ctx {
     async fn load(&mut self, node: String, module: String) -> R<Option<Vec<u8>>> {
+        // A file on disk, which nothing versions: a reply that read one is not kept.
         self.reads = None;
         Ok(self.backend.kept().load_off_thread(&node, &module).await.map_err(host_error))
     }
@@ -118,8 +123,18 @@ impl kept_plans::Host for Ctx {
     }
 
     async fn last_failure(&mut self, node: String, module: String) -> wasmtime::Result<Option<String>> {
-        self.reads = None;
+        self.read_kept();
         Ok(self.backend.kept().last_failure(&node, &module))
+    }
+}
+
+impl Ctx {
+    /// Records a read of the kept plans' failures (held in memory), at their version before
+    /// the read.
+    fn read_kept(&mut self) {
+        if let Some(reads) = self.reads.as_mut() {
+            reads.push(super::Read::Kept { version: self.backend.kept().version() });
+        }
     }
 }
 

@@ -1,13 +1,22 @@
 //! The reply cache: a verb's reply kept with what the call read, and served again — without
-//! calling the guest — only while every mirror it read is still the one the backend serves, at
-//! the same version (`Mirror::version` moves on every change: a put, a delete, a rebuild, a
-//! resync). A call that did anything else — asked discovery, read or kept plans, wrote, logged,
-//! read a bucket that is not mirrored — is never kept, nor is an `unavailable` reply. One cache
-//! per loaded component (a swap starts empty), so the component's digest is part of every key.
-//! Every decision stays the guest's: a hit replays the bytes the guest answered to the same
-//! request over the same data.
+//! calling the guest — only while everything it read would read the same now:
+//!
+//! - every mirror is still the one the backend serves, at the same version (`Mirror::version`
+//!   moves on every change: a put, a delete, a rebuild, a resync);
+//! - the kept plans' failures are at the same version (`KeptPlans::version` moves on every save
+//!   and every failed save); a kept plan read from its file is never kept (nothing versions a
+//!   file someone else may change);
+//! - every discovery count is still the one the backend's discovery cache would answer (the
+//!   same entry, not yet expired), so a fresh call could not have counted otherwise.
+//!
+//! A call that did anything else — read or kept a plan, wrote, logged, read a bucket that is not
+//! mirrored, counted responders the discovery cache did not keep — is never kept, nor is an
+//! `unavailable` reply. One cache per loaded component (a swap starts empty), so the
+//! component's digest is part of every key. Every decision stays the guest's: a hit replays the
+//! bytes the guest answered to the same request over the same data.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::Backend;
@@ -19,32 +28,77 @@ use super::Reply;
 const MAX_ENTRIES: usize = 4096;
 const MAX_BYTES: usize = 32 << 20;
 
-/// A mirror a call read, at the version it had before the read.
-pub type Read = (String, Arc<Mirror>, u64);
+/// Something a call read, as it was before the read.
+#[derive(Clone)]
+pub enum Read {
+    /// A bucket's mirror, at its version.
+    Mirror { bucket: String, mirror: Arc<Mirror>, version: u64 },
+    /// The kept plans' failures, at their version.
+    Kept { version: u64 },
+    /// A count of a service's responders, from the discovery cache's entry made at `at`.
+    Discovery { service: String, at: std::time::Instant },
+}
 
-/// (verb, request body, reply budget)
-type Key = (String, Vec<u8>, u32);
+impl Read {
+    /// Whether a mirror read is of the mirror the backend serves now (whatever its version).
+    fn unchanged_mirror(&self, backend: &dyn Backend) -> bool {
+        match self {
+            Read::Mirror { bucket, mirror, .. } => backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror)),
+            _ => true,
+        }
+    }
 
-/// The replies kept, each with what it read, and their bytes in all.
-type Kept = (HashMap<Key, (Reply, Vec<Read>)>, usize);
+    /// Whether a call now would read the same.
+    fn unchanged(&self, backend: &dyn Backend) -> bool {
+        match self {
+            Read::Mirror { bucket, mirror, version } => {
+                backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror)) && mirror.version() == *version
+            }
+            Read::Kept { version } => backend.kept().version() == *version,
+            Read::Discovery { service, at } => backend.discovered_at(service) == Some(*at),
+        }
+    }
+}
+
+/// A kept reply: the request it answers (verb, body, reply budget), the reply, what it read.
+struct Kept {
+    verb: Box<str>,
+    body: Box<[u8]>,
+    max_reply: u32,
+    reply: Reply,
+    reads: Vec<Read>,
+}
+
+/// The replies kept, by the hash of their request (a lookup builds no key: it hashes the
+/// borrowed request and compares), and their bytes in all.
+#[derive(Default)]
+struct Replies {
+    by_hash: HashMap<u64, Vec<Kept>>,
+    entries: usize,
+    bytes: usize,
+}
 
 #[derive(Default)]
 pub struct ReplyCache {
-    kept: Mutex<Kept>,
+    kept: Mutex<Replies>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl ReplyCache {
-    /// The kept reply to this request, if every mirror it read is unchanged.
+    fn hash(&self, verb: &str, body: &[u8], max_reply: u32) -> u64 {
+        self.hasher.hash_one((verb, body, max_reply))
+    }
+
+    /// The kept reply to this request, if every mirror it read is unchanged. A hit copies
+    /// nothing: the reply's bytes are shared.
     pub fn get(&self, backend: &dyn Backend, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.0.is_empty() {
+        if kept.entries == 0 {
             return None;
         }
-        let (reply, reads) = kept.0.get(&(verb.to_string(), body.to_vec(), max_reply))?;
-        let unchanged = reads.iter().all(|(bucket, mirror, version)| {
-            backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror)) && mirror.version() == *version
-        });
-        unchanged.then(|| reply.clone())
+        let same = kept.by_hash.get(&self.hash(verb, body, max_reply))?;
+        let k = same.iter().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
+        k.reads.iter().all(|r| r.unchanged(backend)).then(|| k.reply.clone())
     }
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
@@ -53,32 +107,45 @@ impl ReplyCache {
         if matches!(reply.code, super::ReplyCode::Unavailable) {
             return;
         }
-        // One entry per bucket, at its oldest version read; a bucket read from two different
-        // mirrors (one replaced mid-call) is not kept.
-        reads.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
+        // One entry per mirror, at its oldest version read; a bucket read from two different
+        // mirrors (one replaced mid-call) is not kept. Only mirrors the backend serves: a
+        // bucket read as missing has no mirror to watch.
+        let key = |r: &Read| match r {
+            Read::Mirror { bucket, version, .. } => (0, bucket.clone(), *version),
+            Read::Kept { version } => (1, String::new(), *version),
+            Read::Discovery { service, .. } => (2, service.clone(), 0),
+        };
+        reads.sort_by_key(key);
         let mut one: Vec<Read> = Vec::with_capacity(reads.len());
         for r in reads {
-            match one.last() {
-                Some(last) if last.0 == r.0 => {
-                    if !Arc::ptr_eq(&last.1, &r.1) {
+            if let (Some(Read::Mirror { bucket: last, mirror: was, .. }), Read::Mirror { bucket, mirror, .. }) = (one.last(), &r) {
+                if last == bucket {
+                    if !Arc::ptr_eq(was, mirror) {
                         return;
                     }
+                    continue;
                 }
-                _ => one.push(r),
             }
+            one.push(r);
         }
-        // Only mirrors the backend serves: a bucket read as missing has no mirror to watch.
-        if !one.iter().all(|(bucket, mirror, _)| backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror))) {
+        if !one.iter().all(|r| r.unchanged_mirror(backend)) {
             return;
         }
         let size = body.len() + reply.body.len() + verb.len();
+        let hash = self.hash(verb, body, max_reply);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.0.len() >= MAX_ENTRIES || kept.1 + size > MAX_BYTES {
-            kept.0.clear();
-            kept.1 = 0;
+        if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
+            *kept = Replies::default();
         }
-        if kept.0.insert((verb.to_string(), body.to_vec(), max_reply), (reply.clone(), one)).is_none() {
-            kept.1 += size;
+        let entry = Kept { verb: verb.into(), body: body.into(), max_reply, reply: reply.clone(), reads: one };
+        let same = kept.by_hash.entry(hash).or_default();
+        match same.iter_mut().find(|k| k.max_reply == max_reply && *k.verb == *verb && *k.body == *body) {
+            Some(k) => *k = entry,
+            None => {
+                same.push(entry);
+                kept.entries += 1;
+                kept.bytes += size;
+            }
         }
     }
 }

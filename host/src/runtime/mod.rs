@@ -258,7 +258,8 @@ pub enum ReplyCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub code: ReplyCode,
-    pub body: Vec<u8>,
+    /// Shared, not copied, when the reply cache serves it again.
+    pub body: bytes::Bytes,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -543,7 +544,7 @@ impl Guest {
             api::ReplyCode::Unavailable => ReplyCode::Unavailable,
             api::ReplyCode::Internal => ReplyCode::Internal,
         };
-        Ok((Reply { code, body: r.body }, reads))
+        Ok((Reply { code, body: r.body.into() }, reads))
     }
 }
 
