@@ -127,12 +127,10 @@ impl Server {
         let conf = render(port, &dir.join("jetstream"), &passwords, cluster)?;
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
         let log = std::fs::File::create(dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
-        let child = Command::new("nats-server")
-            .arg("-c")
-            .arg(&conf_path)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
+        let mut command = Command::new("nats-server");
+        command.arg("-c").arg(&conf_path).stdout(Stdio::null()).stderr(log).kill_on_drop(true);
+        die_with_this_process(&mut command);
+        let child = command
             .spawn()
             .map_err(|e| Error::new(ErrorKind::Config, format!("starting nats-server (is it on PATH? scripts/setup installs it): {e}")))?;
         let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords };
@@ -166,6 +164,32 @@ impl Server {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// The server must not outlive the process that started it: `kill_on_drop` covers every exit
+/// but a `SIGKILL`, after which an orphaned server would hold the port and the store, and the
+/// next start on the same state directory would fail. On Linux the kernel kills the child when
+/// its parent thread ends (the runtime's thread, which lives as long as the process).
+fn die_with_this_process(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id();
+        // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid) run.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the prctl: then nothing would signal us.
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::other("the process that started nats-server is gone"));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 /// Writes a file only its owner can read (it holds passwords).

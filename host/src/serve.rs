@@ -53,9 +53,24 @@ pub async fn run(args: Serve) -> Result<()> {
     served
 }
 
+/// The two connections to the bus, as the same user: one for the buckets (mirrors, writes,
+/// the seat, discovery) and one that only serves the verbs.
+///
+/// Why two: `nats-server` tracks, per connection of a user with `allow_responses`, every reply
+/// subject delivered to it, and prunes that table by walking it whole. Every message a mirror's
+/// consumer delivers carries a reply subject (`$JS.ACK…`) that is never answered, so on one
+/// shared connection a replay of a million keys left a million entries that every request then
+/// paid for (measured: `pruneReplyPerms` 74% of the server's CPU, the verb at 0.15–0.34× the
+/// echo's throughput at 1M keys). The serving connection only ever holds requests it answers.
+struct Bus {
+    client: async_nats::Client,
+    service: async_nats::Client,
+}
+
 /// Reaches the bus named by `--nats-url`, or starts the embedded `nats-server` (recording how to
-/// reach it in the state directory). Also returns a counter bumped on every (re)connection.
-async fn connect(args: &Serve) -> Result<(async_nats::Client, Option<Server>, watch::Receiver<u64>)> {
+/// reach it in the state directory). Also returns a counter bumped on every (re)connection of
+/// the buckets' connection.
+async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u64>)> {
     let state = &args.connect.state_dir;
     let (events_tx, events) = watch::channel(0u64);
     let on_event = move |event: async_nats::Event| {
@@ -69,12 +84,18 @@ async fn connect(args: &Serve) -> Result<(async_nats::Client, Option<Server>, wa
             }
         }
     };
+    let on_server_error = |event: async_nats::Event| async move {
+        if let async_nats::Event::ServerError(e) = event {
+            tracing::warn!("the server said (serving connection): {e}");
+        }
+    };
     if let Some(url) = &args.connect.nats_url {
         if args.demo {
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
         let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?;
-        return Ok((client, None, events));
+        let service = connect::connect(url, connect::options(&args.connect, "mesh-provisioner-service").await?.event_callback(on_server_error)).await?;
+        return Ok((Bus { client, service }, None, events));
     }
     let dir = state.join("nats");
     // Keep the passwords of an earlier run, so its data stays reachable.
@@ -91,14 +112,17 @@ async fn connect(args: &Serve) -> Result<(async_nats::Client, Option<Server>, wa
         state.display()
     );
     let password = access.password(PROVISIONER_USER).unwrap_or_default().to_string();
-    let o = async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password).name("mesh-provisioner").event_callback(on_event);
-    let client = connect::connect(&access.url, o).await?;
-    Ok((client, Some(server), events))
+    let as_provisioner = |name: &str| async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password.clone()).name(name);
+    let client = connect::connect(&access.url, as_provisioner("mesh-provisioner").event_callback(on_event)).await?;
+    let service = connect::connect(&access.url, as_provisioner("mesh-provisioner-service").event_callback(on_server_error)).await?;
+    Ok((Bus { client, service }, Some(server), events))
 }
 
 /// What serving stands on: the bus, the backend over it, the seat, the loaded component.
 struct Opened {
     client: async_nats::Client,
+    /// The connection that serves the verbs (see [`Bus`]).
+    service: async_nats::Client,
     nats: Arc<NatsBackend>,
     backend: Arc<dyn Backend>,
     seat: Arc<Seat>,
@@ -106,7 +130,8 @@ struct Opened {
 }
 
 /// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
-async fn open(args: &Serve, client: async_nats::Client, current: Arc<Current>) -> Result<Opened> {
+async fn open(args: &Serve, bus: Bus, current: Arc<Current>) -> Result<Opened> {
+    let Bus { client, service } = bus;
     let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
     let nats = NatsBackend::open(client.clone(), args.replicas as usize, kept).await?;
     nats.follow_creations().await;
@@ -123,7 +148,7 @@ async fn open(args: &Serve, client: async_nats::Client, current: Arc<Current>) -
             tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }
     }
-    Ok(Opened { client, nats, backend, seat, current })
+    Ok(Opened { client, service, nats, backend, seat, current })
 }
 
 /// The tasks that run while the process does, and how to stop them.
@@ -248,7 +273,7 @@ async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Opt
             }
         };
         let serving = crate::service::Serving {
-            client: o.client.clone(),
+            client: o.service.clone(),
             backend: o.backend.clone(),
             current: o.current.clone(),
             seat: Some(o.seat.clone()),
@@ -268,7 +293,7 @@ async fn shut_down(tasks: Tasks, o: &Opened, embedded: Option<Server>) {
     }
     o.seat.release().await;
     // A server that hangs must not hold the process at its exit.
-    let _ = tokio::time::timeout(crate::bucket::BUS_DEADLINE, o.client.drain()).await;
+    let _ = tokio::time::timeout(crate::bucket::BUS_DEADLINE, async { tokio::join!(o.service.drain(), o.client.drain()) }).await;
     if let Some(server) = embedded {
         server.stop().await;
     }

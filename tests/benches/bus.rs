@@ -409,40 +409,10 @@ async fn plain_replay(bus: &Bus) -> (usize, Duration) {
     (n, start.elapsed())
 }
 
-/// Reads the needs bucket through a pull consumer (no acks) in batches of 10 000: what another
-/// way of replaying could reach, for comparison with the ordered consumer.
-async fn pull_replay(bus: &Bus) -> (usize, Duration) {
-    use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
-    let js = bus.js("mesh-provisioner").await;
-    let stream = js.get_stream(format!("KV_{NEEDS}")).await.expect("needs stream");
-    let start = Instant::now();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: format!("$KV.{NEEDS}.>"),
-            deliver_policy: DeliverPolicy::LastPerSubject,
-            ack_policy: AckPolicy::None,
-            inactive_threshold: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    let mut messages = consumer.stream().max_messages_per_batch(10_000).max_bytes_per_batch(32 << 20).messages().await.expect("messages");
-    let mut n = 0;
-    while let Some(Ok(m)) = messages.next().await {
-        n += 1;
-        if m.info().map(|i| i.pending).unwrap_or(0) == 0 {
-            break;
-        }
-    }
-    (n, start.elapsed())
-}
-
 /// Cold start at the large size: from `serve` to the first answer, against a plain replay of
 /// the bucket; then a standby's takeover with warm mirrors.
 async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tempfile::TempDir) {
     let (n, floor) = plain_replay(bus).await;
-    let (pn, pulled) = pull_replay(bus).await;
-    println!("a pull consumer in batches of 10 000 reads the bucket ({pn} keys) in {:.2} s: {:.2}× the ordered consumer", pulled.as_secs_f64(), pulled.as_secs_f64() / floor.as_secs_f64());
     // Short request timeouts: a request that went to the killed holder is lost, and waiting
     // the client's default 10 s for it would be measured as the takeover.
     let answered = |c: Client| async move {

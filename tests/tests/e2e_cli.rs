@@ -151,5 +151,13 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     for (user, password) in &access.passwords {
         assert!(!conf.contains(password.as_str()), "the config holds {user}'s password");
     }
+    // Killed outright, serve takes its embedded server with it: nothing is left on the port
+    // (an orphan would hold it and the store, and the next start on this directory would fail).
+    let port = access.url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("the record's port");
     let _ = child.kill().await;
+    let start = std::time::Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the embedded nats-server outlived serve's SIGKILL");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
