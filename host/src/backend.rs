@@ -42,6 +42,12 @@ pub trait Backend: Send + Sync + 'static {
     fn discovered_at(&self, _service: &str) -> Option<std::time::Instant> {
         None
     }
+    /// The listing of the bus's buckets that a read of an unmirrored bucket is answered from now
+    /// (when it was made, and the generation of announced creations it saw), if it is still
+    /// used: a reply that read a bucket as missing is kept only while it is.
+    fn listing_stamp(&self) -> Option<(std::time::Instant, u64)> {
+        None
+    }
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus

@@ -572,6 +572,13 @@ impl Backend for NatsBackend {
         &self.kept
     }
 
+    fn listing_stamp(&self) -> Option<(Instant, u64)> {
+        // Never waits: a listing being made now is not the one a cached reply read.
+        let names = self.names.try_lock().ok()?;
+        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+        names.0.filter(|(at, g)| *g == generation && at.elapsed() < NAMES_FOR)
+    }
+
     fn discovered_at(&self, service: &str) -> Option<Instant> {
         let kept = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
         kept.get(service).map(|(at, _)| *at).filter(|at| at.elapsed() < DISCOVERY_CACHE)

@@ -55,11 +55,24 @@ async fn bounded<T>(
 /// The mirror of `bucket`, in sync, within the call's deadline; recorded with its version
 /// (read before the caller reads it) for the reply cache.
 async fn mirror(ctx: &mut Ctx, bucket: &str) -> Result<std::sync::Arc<crate::mirror::Mirror>, types::HostError> {
+    // The listing in use before the read: a read that made a new one is not kept.
+    let listing = ctx.reads.as_ref().and_then(|_| ctx.backend.listing_stamp());
     let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
-    match (&m, ctx.reads.as_mut()) {
-        (Ok(m), Some(reads)) => reads.push(super::Read::Mirror { bucket: bucket.to_string(), mirror: m.clone(), version: m.version() }),
-        (Err(_), _) => ctx.reads = None,
-        _ => {}
+    let Some(reads) = ctx.reads.as_mut() else { return m };
+    let read = match &m {
+        // A mirror the backend serves (and will keep current), at its version now.
+        Ok(m) if ctx.backend.current_mirror(bucket).is_some_and(|now| std::sync::Arc::ptr_eq(&now, m)) => {
+            Some(super::Read::Mirror { bucket: bucket.to_string(), mirror: m.clone(), version: m.version() })
+        }
+        // A bucket not on the bus: missing as long as the listing that said so is used.
+        Ok(m) if !m.exists() && listing.is_some() && ctx.backend.listing_stamp() == listing => {
+            listing.map(|(at, generation)| super::Read::Listing { at, generation })
+        }
+        _ => None,
+    };
+    match read {
+        Some(r) => reads.push(r),
+        None => ctx.reads = None,
     }
     m
 }

@@ -7,10 +7,12 @@
 //!   and every failed save); a kept plan read from its file is never kept (nothing versions a
 //!   file someone else may change);
 //! - every discovery count is still the one the backend's discovery cache would answer (the
-//!   same entry, not yet expired), so a fresh call could not have counted otherwise.
+//!   same entry, not yet expired), so a fresh call could not have counted otherwise;
+//! - a bucket read as missing (not mirrored) is answered from the same listing of the bus's
+//!   buckets, still in use (no creation announced since, not yet expired).
 //!
-//! A call that did anything else — read or kept a plan, wrote, logged, read a bucket that is not
-//! mirrored, counted responders the discovery cache did not keep — is never kept, nor is an
+//! A call that did anything else — read or kept a plan, wrote, logged, counted responders the
+//! discovery cache did not keep — is never kept, nor is an
 //! `unavailable` reply. One cache per loaded component (a swap starts empty), so the
 //! component's digest is part of every key. Every decision stays the guest's: a hit replays the
 //! bytes the guest answered to the same request over the same data.
@@ -37,6 +39,9 @@ pub enum Read {
     Kept { version: u64 },
     /// A count of a service's responders, from the discovery cache's entry made at `at`.
     Discovery { service: String, at: std::time::Instant },
+    /// A bucket read as missing, from the listing of the bus's buckets made at `at` (with the
+    /// generation of creations it saw).
+    Listing { at: std::time::Instant, generation: u64 },
 }
 
 impl Read {
@@ -56,6 +61,7 @@ impl Read {
             }
             Read::Kept { version } => backend.kept().version() == *version,
             Read::Discovery { service, at } => backend.discovered_at(service) == Some(*at),
+            Read::Listing { at, generation } => backend.listing_stamp() == Some((*at, *generation)),
         }
     }
 }
@@ -114,6 +120,7 @@ impl ReplyCache {
             Read::Mirror { bucket, version, .. } => (0, bucket.clone(), *version),
             Read::Kept { version } => (1, String::new(), *version),
             Read::Discovery { service, .. } => (2, service.clone(), 0),
+            Read::Listing { generation, .. } => (3, String::new(), *generation),
         };
         reads.sort_by_key(key);
         let mut one: Vec<Read> = Vec::with_capacity(reads.len());
