@@ -251,3 +251,27 @@ async fn a_status_reply_is_kept_only_while_its_discovery_count_is() {
     assert!(b.reads() > reads, "a reply that used a discovery count was served after the count was made again");
     assert!(String::from_utf8_lossy(&third.body).contains("\"responders\":2"), "{}", String::from_utf8_lossy(&third.body));
 }
+
+#[tokio::test]
+async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() {
+    let guest = tests::guest();
+    let b = MemoryBackend::new();
+    // Enough that an answer outlasts the epoch's tick, at which a guest call yields to the
+    // other requests on the thread.
+    for k in 0..20_000 {
+        b.put("mesh-provisioner_needs", &format!("alpha.app.config.k{k:05}"), br#"{"placeholder":"${config:name}","part":"api"}"#);
+    }
+    let backend = b.clone() as Arc<dyn Backend>;
+    let body = br#"{"what":"needs","node":"alpha","limit":1000}"#;
+    // One call alone (past the cache): what one answer reads.
+    let before = b.reads();
+    guest.handle_uncached(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
+    let one = b.reads() - before;
+    assert!(one > 0);
+    // Sixteen at once: the guest answers once, the others wait and are served that answer.
+    let before = b.reads();
+    let asks = (0..16).map(|_| guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20));
+    let replies = futures::future::join_all(asks).await;
+    assert!(replies.iter().all(|r| r.as_ref().unwrap() == replies[0].as_ref().unwrap()));
+    assert_eq!(b.reads() - before, one, "16 concurrent asks of one request called the guest more than once");
+}

@@ -88,11 +88,51 @@ struct Replies {
 pub struct ReplyCache {
     kept: Mutex<Replies>,
     hasher: std::collections::hash_map::RandomState,
+    /// Requests being answered by the guest now, by hash: the same request arriving meanwhile
+    /// waits for that answer instead of calling the guest too (a stampede when a kept reply
+    /// expires under load: 32 requesters each computed the same 20 ms `holders` page).
+    flights: Mutex<HashMap<u64, tokio::sync::watch::Receiver<()>>>,
+}
+
+/// The one call answering a request while others wait; they are released when it is dropped,
+/// however the call ends.
+pub struct Flight<'a> {
+    cache: &'a ReplyCache,
+    hash: u64,
+    _done: tokio::sync::watch::Sender<()>,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.cache.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.hash);
+    }
 }
 
 impl ReplyCache {
     fn hash(&self, verb: &str, body: &[u8], max_reply: u32) -> u64 {
         self.hasher.hash_one((verb, body, max_reply))
+    }
+
+    /// Either leads the answer to this request (`Ok`: call the guest, keep the reply, then drop
+    /// the flight), or waits, at most `limit`, for the call already answering it and returns
+    /// (`Err`) — the caller then looks in the cache again and calls the guest only on a miss.
+    pub async fn fly(&self, verb: &str, body: &[u8], max_reply: u32, limit: std::time::Duration) -> Result<Flight<'_>, ()> {
+        let hash = self.hash(verb, body, max_reply);
+        let waiting = {
+            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            match flights.get(&hash) {
+                Some(rx) => rx.clone(),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(());
+                    flights.insert(hash, rx);
+                    return Ok(Flight { cache: self, hash, _done: tx });
+                }
+            }
+        };
+        let mut waiting = waiting;
+        // Ends when the leader's flight is dropped (the sender with it).
+        let _ = tokio::time::timeout(limit, async { while waiting.changed().await.is_ok() {} }).await;
+        Err(())
     }
 
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies

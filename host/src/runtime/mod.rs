@@ -519,9 +519,22 @@ impl Guest {
             crate::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
+        // The same request already being answered: wait for that answer (a hash collision or a
+        // reply that could not be kept just means calling the guest after the wait).
+        let flight = match self.replies.fly(verb, body, max_reply, limits.deadline).await {
+            Ok(leading) => Some(leading),
+            Err(()) => {
+                if let Some(reply) = self.replies.get(backend.as_ref(), verb, body, max_reply) {
+                    crate::metrics::metrics().reply_cache(true);
+                    return Ok(reply);
+                }
+                None
+            }
+        };
         crate::metrics::metrics().reply_cache(false);
         let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
         self.replies.put(backend.as_ref(), verb, body, max_reply, &reply, reads);
+        drop(flight);
         Ok(reply)
     }
 
