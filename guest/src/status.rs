@@ -111,8 +111,7 @@ impl State {
 }
 
 /// A key in a module's scope that does not fit its bucket's shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[derive(Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OutOfShape {
     pub key: String,
     pub bucket: &'static str,
@@ -582,7 +581,7 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
 
 /// One module's status, as `status` lists it.
 #[derive(Serialize)]
-pub struct Line<'a> {
+struct Line<'a> {
     node: &'a str,
     module: &'a str,
     state: &'static str,
@@ -597,7 +596,7 @@ pub struct Line<'a> {
 }
 
 impl<'a> Line<'a> {
-    pub fn of(s: &'a ModuleStatus) -> Self {
+    fn of(s: &'a ModuleStatus) -> Self {
         Line {
             node: &s.node,
             module: &s.module,
@@ -613,7 +612,7 @@ impl<'a> Line<'a> {
 
 /// One need of a module's status.
 #[derive(Serialize)]
-pub struct NeedLine<'a> {
+struct NeedLine<'a> {
     kind: &'a str,
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -45,14 +45,6 @@ pub enum Read {
 }
 
 impl Read {
-    /// Whether a mirror read is of the mirror the backend serves now (whatever its version).
-    fn unchanged_mirror(&self, backend: &dyn Backend) -> bool {
-        match self {
-            Read::Mirror { bucket, mirror, .. } => backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror)),
-            _ => true,
-        }
-    }
-
     /// Whether a call now would read the same.
     fn unchanged(&self, backend: &dyn Backend) -> bool {
         match self {
@@ -118,7 +110,7 @@ impl ReplyCache {
     /// (`Err`) — the caller then looks in the cache again and calls the guest only on a miss.
     pub async fn fly(&self, verb: &str, body: &[u8], max_reply: u32, limit: std::time::Duration) -> Result<Flight<'_>, ()> {
         let hash = self.hash(verb, body, max_reply);
-        let waiting = {
+        let mut waiting = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             match flights.get(&hash) {
                 Some(rx) => rx.clone(),
@@ -129,7 +121,6 @@ impl ReplyCache {
                 }
             }
         };
-        let mut waiting = waiting;
         // Ends when the leader's flight is dropped (the sender with it).
         let _ = tokio::time::timeout(limit, async { while waiting.changed().await.is_ok() {} }).await;
         Err(())
@@ -148,14 +139,14 @@ impl ReplyCache {
     }
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
-    pub fn put(&self, backend: &dyn Backend, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
+    pub fn put(&self, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
         let Some(mut reads) = reads else { return };
         if matches!(reply.code, super::ReplyCode::Unavailable) {
             return;
         }
         // One entry per mirror, at its oldest version read; a bucket read from two different
-        // mirrors (one replaced mid-call) is not kept. Only mirrors the backend serves: a
-        // bucket read as missing has no mirror to watch.
+        // mirrors (one replaced mid-call) is not kept. Other reads repeated alike (a status
+        // page reads the kept plans' version once per module) are checked once.
         let key = |r: &Read| match r {
             Read::Mirror { bucket, version, .. } => (0, bucket.clone(), *version),
             Read::Kept { version } => (1, String::new(), *version),
@@ -165,18 +156,21 @@ impl ReplyCache {
         reads.sort_by_key(key);
         let mut one: Vec<Read> = Vec::with_capacity(reads.len());
         for r in reads {
-            if let (Some(Read::Mirror { bucket: last, mirror: was, .. }), Read::Mirror { bucket, mirror, .. }) = (one.last(), &r) {
-                if last == bucket {
+            let repeated = match (one.last(), &r) {
+                (Some(Read::Mirror { bucket: last, mirror: was, .. }), Read::Mirror { bucket, mirror, .. }) if last == bucket => {
                     if !Arc::ptr_eq(was, mirror) {
                         return;
                     }
-                    continue;
+                    true
                 }
+                (Some(Read::Kept { version: a }), Read::Kept { version: b }) => a == b,
+                (Some(Read::Discovery { service: s, at: a }), Read::Discovery { service, at }) => s == service && a == at,
+                (Some(Read::Listing { at: a, generation: g }), Read::Listing { at, generation }) => a == at && g == generation,
+                _ => false,
+            };
+            if !repeated {
+                one.push(r);
             }
-            one.push(r);
-        }
-        if !one.iter().all(|r| r.unchanged_mirror(backend)) {
-            return;
         }
         let size = body.len() + reply.body.len() + verb.len();
         let hash = self.hash(verb, body, max_reply);

@@ -533,7 +533,7 @@ impl Guest {
         };
         crate::metrics::metrics().reply_cache(false);
         let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
-        self.replies.put(backend.as_ref(), verb, body, max_reply, &reply, reads);
+        self.replies.put(verb, body, max_reply, &reply, reads);
         drop(flight);
         Ok(reply)
     }
