@@ -1,7 +1,7 @@
 //! The thin layer between the WIT world `provisioner` and the plain-Rust logic: imports become
 //! an [`Env`], exports call into the crate. No decision is made here.
 
-use crate::env::{Entry, Env, HostError, Level, Page};
+use crate::env::{Entry, Env, Health, HostError, Level, Page};
 
 wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
 
@@ -51,6 +51,11 @@ impl Env for Imports {
 
     fn exists(&self, bucket: &str) -> Result<bool, HostError> {
         store::exists(bucket).map_err(host_error)
+    }
+
+    fn health(&self, bucket: &str) -> Result<Health, HostError> {
+        let h = store::health(bucket).map_err(host_error)?;
+        Ok(Health { unsafe_settings: h.unsafe_settings, over_quota: h.over_quota.into_iter().map(|w| (w.writer, w.keys, w.bytes)).collect() })
     }
 
     fn responders(&self, service: &str) -> Result<u32, HostError> {

@@ -47,6 +47,15 @@ impl fmt::Display for HostError {
     }
 }
 
+/// What the host knows of a bucket besides its contents (the WIT `bucket-health`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Settings of its stream that let one writer remove or crowd out another's keys.
+    pub unsafe_settings: Vec<String>,
+    /// Writers (a key's first token) past the host's quota: writer, keys, bytes.
+    pub over_quota: Vec<(String, u64, u64)>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
     Trace,
@@ -62,6 +71,10 @@ pub trait Env {
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError>;
     /// Whether `bucket` exists (a missing bucket reads as empty).
     fn exists(&self, bucket: &str) -> Result<bool, HostError>;
+    /// What is wrong with `bucket` besides its contents (nothing, unless a host says so).
+    fn health(&self, _bucket: &str) -> Result<Health, HostError> {
+        Ok(Health::default())
+    }
     /// How many instances of the micro service `service` answer discovery now.
     fn responders(&self, service: &str) -> Result<u32, HostError>;
     fn put_registry(&self, key: &str, value: &[u8], expected: u64) -> Result<u64, HostError>;

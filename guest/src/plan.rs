@@ -254,7 +254,14 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     for (roles, src) in reads {
         read.push(match src {
             Source::Build(b) => {
-                let c = composition(env, node, module, &b)?;
+                // A compositions bucket the host refuses to read (its stream is not a bucket)
+                // holds this module as an unreadable composition would, with the reason; it
+                // never fails the answer for the rest of the mesh.
+                let c = match composition(env, node, module, &b) {
+                    Ok(c) => c,
+                    Err(HostError::Denied(why)) => Composition::Not(format!("the composition of {module} at {b} cannot be read: {why}")),
+                    Err(e) => return Err(e),
+                };
                 (roles, Some(b), c)
             }
             Source::Odd(why) => (roles, None, Composition::Not(why)),

@@ -131,6 +131,9 @@ pub struct ModuleStatus {
     pub reason: String,
     pub needs: Vec<NeedStatus>,
     pub out_of_shape: Vec<OutOfShape>,
+    /// What is wrong with the buckets its status read (unsafe settings, its node past its
+    /// quota).
+    pub warnings: Vec<String>,
     /// The newest revision among what was read.
     pub revision: u64,
 }
@@ -302,6 +305,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
     }
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
+    let warnings = warnings(env, node, &checked);
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
             revision = revision.max(r);
@@ -317,6 +321,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
         reason,
         needs: checked,
         out_of_shape,
+        warnings,
         revision,
     })
 }
@@ -469,7 +474,7 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         let known = env.get(ASSIGNMENTS, &key)?.is_some()
             || env.get(APPLIED, &key)?.is_some()
             || any(env, NEEDS, &format!("{key}.>"))?
-            || any(env, &composed(n), &format!("{m}.*"))?;
+            || unless_refused(any(env, &composed(n), &format!("{m}.*")))?.unwrap_or(false);
         return Ok(Modules { pairs: if known { vec![pair] } else { vec![] }, more: false });
     }
     let tokens = |rest: &str| match (node, module) {
@@ -516,7 +521,11 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
         let has = |p: &Pair| any(env, &bucket, &format!("{}.*", p.1));
         let grouping = Grouping { bucket: &bucket, filter: &module_filter, module_of: &of, has: &has };
-        sources.push(grouped(env, &grouping, module_after.as_deref(), after, limit)?);
+        // A node's compositions bucket the host refuses (not a bucket's stream) lists nothing;
+        // its modules known elsewhere say why in their status.
+        if let Some(source) = unless_refused(grouped(env, &grouping, module_after.as_deref(), after, limit))? {
+            sources.push(source);
+        }
     }
     let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();
     let mut all: Vec<Pair> = sources.into_iter().flat_map(|s| s.found).collect();
@@ -534,6 +543,51 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         more = true;
     }
     Ok(Modules { pairs: all, more })
+}
+
+/// A read of a bucket the host refuses to read (`denied`) as nothing; any other failure as it is.
+fn unless_refused<T>(r: Result<T, HostError>) -> Result<Option<T>, HostError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(HostError::Denied(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What is wrong with the buckets a module's status read, besides their contents: settings
+/// that put their keys at risk, a bucket not read at all (its node's compositions among them),
+/// and this module's node past its quota of one. A bucket that cannot be asked now is said by
+/// the checks that read it.
+fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus]) -> Vec<String> {
+    let compositions = composed(node);
+    let mut buckets: Vec<&str> = vec![NEEDS, APPLIED, &compositions];
+    for n in needs {
+        if let Place::Bucket { bucket, .. } = &n.place {
+            if !buckets.contains(&bucket.as_str()) {
+                buckets.push(bucket);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for bucket in buckets {
+        let health = match env.health(bucket) {
+            Ok(h) => h,
+            // Not read at all (its stream is not a bucket; past the host's memory budget).
+            Err(HostError::Denied(why)) => {
+                out.push(format!("bucket {bucket} is not read: {why}"));
+                continue;
+            }
+            // Could not be asked now: the checks that read it say so.
+            Err(_) => continue,
+        };
+        out.extend(health.unsafe_settings.iter().map(|why| format!("bucket {bucket} {why}")));
+        for (writer, keys, bytes) in &health.over_quota {
+            if writer == node {
+                out.push(format!("node {node} holds {keys} keys ({bytes} bytes) of {bucket}, past its quota"));
+            }
+        }
+    }
+    out
 }
 
 /// Answers `what: "status"`: a page of modules, each rendered whole, cut by `limit` and by the
@@ -593,6 +647,8 @@ struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     applied_at: Option<&'a str>,
     needs: Vec<NeedLine<'a>>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
 }
 
 impl<'a> Line<'a> {
@@ -606,6 +662,7 @@ impl<'a> Line<'a> {
             have: s.have.as_deref(),
             applied_at: s.applied_at.as_deref(),
             needs: s.needs.iter().map(NeedLine::of).collect(),
+            warnings: &s.warnings,
         }
     }
 }

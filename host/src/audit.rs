@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::bucket::stream_state;
+use crate::bucket::{stream_info, Shape};
 use crate::error::Result;
 use crate::mirror::Mirror;
 use crate::nats::NatsBackend;
@@ -92,7 +92,27 @@ pub async fn audit_one(js: &async_nats::jetstream::Context, bucket: &str, mirror
         if !before.ready {
             return Ok(Verdict::Inconclusive("the mirror is replaying"));
         }
-        let Some(stream) = stream_state(js, bucket).await? else {
+        if mirror.refused().is_some() {
+            // Its follower looks at the bucket again on its own.
+            return Ok(Verdict::Inconclusive("the bucket is refused"));
+        }
+        let info = stream_info(js, bucket).await?;
+        if let Some(info) = &info {
+            match crate::bucket::shape(bucket, &info.config) {
+                Shape::Refused(why) => {
+                    mirror.request_rebuild();
+                    return Ok(Verdict::Repaired(why));
+                }
+                Shape::Bucket { unsafe_settings } => {
+                    if mirror.set_unsafe_settings(unsafe_settings.clone()) {
+                        for why in &unsafe_settings {
+                            tracing::warn!(bucket, "bucket {bucket} {why}: `mesh-provisioner bootstrap` makes it safe");
+                        }
+                    }
+                }
+            }
+        }
+        let Some(stream) = info.map(|i| i.state) else {
             if mirror.exists() {
                 let why = "the bucket is gone from the bus while the mirror still holds it".to_string();
                 mirror.request_rebuild();
@@ -152,6 +172,7 @@ impl Auditor {
         let mut timer = tokio::time::interval(self.every);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timer.tick().await;
+        self.check_captures().await;
         loop {
             let after_reconnect = tokio::select! {
                 _ = timer.tick() => false,
@@ -170,8 +191,28 @@ impl Auditor {
         }
     }
 
-    /// One round: the owned buckets made again if the bus lost them, then every mirror.
+    /// Looks for streams that capture the provisioner's own subjects, and says so loudly
+    /// (log, `/readyz`, metric) while one does.
+    async fn check_captures(&self) {
+        match self.nats.captures().await {
+            Ok(found) => {
+                if self.nats.set_captures(found.clone()) {
+                    for (stream, subject) in &found {
+                        tracing::error!(stream, subject, "stream {stream} captures subjects of {subject}: requesters get its acknowledgements instead of answers, and notices are stored; delete it");
+                    }
+                    if found.is_empty() {
+                        tracing::info!("no stream captures the provisioner's subjects any more");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("could not look for streams capturing the provisioner's subjects: {e}"),
+        }
+    }
+
+    /// One round: the owned buckets made again if the bus lost them, streams capturing the
+    /// provisioner's subjects looked for, then every mirror.
     pub async fn round(&self, after_reconnect: bool) {
+        self.check_captures().await;
         match self.nats.ensure_owned().await {
             Ok(made) if !made.is_empty() => {
                 tracing::warn!(buckets = ?made, "the bus had lost these buckets: made them again");

@@ -37,6 +37,18 @@ pub trait Backend: Send + Sync + 'static {
     /// The mirror of `bucket` served now, if any, without starting or waiting for one (the
     /// reply cache checks that what a reply read is still what is served).
     fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>>;
+
+    /// Streams found capturing the provisioner's own subjects, each with the subject it
+    /// captures (none for a backend without a bus).
+    fn captured(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// What one writer (a key's first token) of a bucket whose writers are granted one each
+    /// may hold before it is named.
+    fn quota(&self) -> crate::mirror::Quota {
+        crate::mirror::Quota::default()
+    }
     /// When the count of `service`'s responders that `responders` answers now was made, if it
     /// is kept (the reply cache keeps a reply that used it only while this stays the same).
     fn discovered_at(&self, _service: &str) -> Option<std::time::Instant> {

@@ -1,29 +1,183 @@
-//! Opening a JetStream key-value bucket, or creating it with its settings: the one step the
-//! backend (`nats`) and the seat (`seat`) both take before anything else, kept below both so that
-//! neither needs the other to open its buckets.
+//! A bucket's stream: the settings the mesh's buckets are made with (by `serve` for its own,
+//! by `bootstrap` for all), the shape a stream must have to be read as a bucket, and opening a
+//! bucket or creating it — the one step the backend (`nats`), the seat (`seat`) and
+//! `bootstrap` take before anything else, kept below all three.
+//!
+//! A bucket is made as a plain stream rather than through async-nats' `create_key_value`,
+//! because that always allows roll-ups: with `Nats-Rollup: all` on a write to its own key, any
+//! writer of a shared bucket (a node, in the needs) would remove every other writer's keys.
+//! Here roll-ups are refused, message deletes by the API are refused (a KV delete is a marker
+//! message, which still works), and every bucket has a byte limit and a value-size limit.
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::{self, kv, stream};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// Opens `config.bucket`, or creates it with `config`, retrying for a while: a cluster's
-/// JetStream may still be electing.
-pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store> {
+/// The limits of a bucket made here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The bucket's byte limit: a write past it is refused by the server (discard new).
+    pub max_bytes: i64,
+    /// The largest value (with its key and headers) one write may carry.
+    pub max_value: i32,
+}
+
+impl Limits {
+    /// 256 MiB: a million needs of ~200 bytes, with room.
+    pub const DEFAULT_MAX_BYTES: i64 = 256 << 20;
+    /// 64 KiB: the largest legitimate record of a node's buckets is an applied record naming
+    /// the revisions of a few hundred values (~20 KiB).
+    pub const DEFAULT_MAX_VALUE: i32 = 64 << 10;
+    /// 1 MiB: a composition carries a whole plan, and a kept plan is at most a mebibyte.
+    pub const COMPOSITION_MAX_VALUE: i32 = 1 << 20;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_bytes: Self::DEFAULT_MAX_BYTES, max_value: Self::DEFAULT_MAX_VALUE }
+    }
+}
+
+/// Everything a bucket is made with.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub bucket: String,
+    pub description: String,
+    /// Values kept per key.
+    pub history: i64,
+    /// How long a value lives (zero: for ever).
+    pub max_age: Duration,
+    pub replicas: usize,
+    pub limits: Limits,
+}
+
+impl Spec {
+    pub fn new(bucket: &str, description: &str, history: i64, replicas: usize, limits: Limits) -> Spec {
+        Spec { bucket: bucket.to_string(), description: description.to_string(), history, max_age: Duration::ZERO, replicas, limits }
+    }
+
+    /// The stream this bucket is: a KV bucket's subjects and settings, with roll-ups and API
+    /// deletes refused and the limits set.
+    pub fn stream_config(&self) -> stream::Config {
+        // The server requires a duplicate window no longer than the max age.
+        let two_minutes = Duration::from_secs(120);
+        let duplicate_window = if self.max_age > Duration::ZERO && self.max_age < two_minutes { self.max_age } else { two_minutes };
+        stream::Config {
+            name: format!("KV_{}", self.bucket),
+            description: Some(self.description.clone()),
+            subjects: vec![format!("$KV.{}.>", self.bucket)],
+            max_messages_per_subject: self.history,
+            max_bytes: self.limits.max_bytes,
+            max_message_size: self.limits.max_value,
+            max_age: self.max_age,
+            duplicate_window,
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas.max(1),
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: false,
+            deny_delete: true,
+            deny_purge: false,
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// What a stream is, read as a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// A KV bucket: its subjects exactly `$KV.<bucket>.>`, no mirror, sources, transform or
+    /// republish. `unsafe_settings` says what lets one writer remove or crowd out another's
+    /// keys (empty when none).
+    Bucket { unsafe_settings: Vec<String> },
+    /// Not a bucket's stream: never read, and said why.
+    Refused(String),
+}
+
+/// Reads `config` (the stream `KV_<bucket>`) as a bucket.
+pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
+    let want = format!("$KV.{bucket}.>");
+    if config.subjects.len() != 1 || config.subjects[0] != want {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it captures {:?}, not exactly [{want:?}]", config.subjects));
+    }
+    if let Some(m) = &config.mirror {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it mirrors stream {}", m.name));
+    }
+    if let Some(s) = config.sources.as_ref().filter(|s| !s.is_empty()) {
+        let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {names:?}"));
+    }
+    if config.subject_transform.is_some() {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it transforms its subjects"));
+    }
+    if let Some(r) = &config.republish {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it republishes its messages to {:?}", r.destination));
+    }
+    if config.max_messages_per_subject < 1 {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it keeps no history per key"));
+    }
+    let mut unsafe_settings = Vec::new();
+    if config.allow_rollup {
+        unsafe_settings.push("allows roll-ups (Nats-Rollup): one writer's write may remove every other writer's keys".to_string());
+    }
+    if config.max_bytes <= 0 {
+        unsafe_settings.push("has no byte limit".to_string());
+    }
+    if config.max_message_size <= 0 {
+        unsafe_settings.push("has no value-size limit".to_string());
+    }
+    Shape::Bucket { unsafe_settings }
+}
+
+/// A stream's settings and state read now; `None` when `bucket` does not exist. An error only
+/// when the bus cannot say.
+pub async fn stream_info(js: &jetstream::Context, bucket: &str) -> Result<Option<stream::Info>> {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    bounded(
+        || format!("reading the stream of bucket {bucket}"),
+        async {
+            match js.get_stream(format!("KV_{bucket}")).await {
+                Ok(stream) => Ok(Some(stream.cached_info().clone())),
+                Err(e) => match e.kind() {
+                    GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
+                    _ => Err(Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))),
+                },
+            }
+        },
+    )
+    .await
+}
+
+/// Opens `spec.bucket`, or creates it as `spec` says, retrying for a while: a cluster's
+/// JetStream may still be electing. A stream of that name that is not a bucket is refused
+/// (`Denied`); an unsafe one is opened, and what is unsafe logged and handed back.
+pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<(kv::Store, Vec<String>)> {
     let start = Instant::now();
     loop {
-        let opened = match js.get_key_value(config.bucket.as_str()).await {
-            Ok(kv) => Ok(kv),
-            Err(_) => js
-                .create_key_value(config.clone())
-                .await
-                .map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", config.bucket))),
+        let opened = match stream_info(js, &spec.bucket).await {
+            Ok(Some(info)) => match shape(&spec.bucket, &info.config) {
+                Shape::Refused(why) => return Err(Error::new(ErrorKind::Denied, why)),
+                Shape::Bucket { unsafe_settings } => js
+                    .get_key_value(spec.bucket.as_str())
+                    .await
+                    .map(|kv| (kv, unsafe_settings))
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("opening bucket {}: {e}", spec.bucket))),
+            },
+            Ok(None) => create(js, spec).await.map(|kv| (kv, Vec::new())),
+            Err(e) => Err(e),
         };
         match opened {
-            Ok(kv) => return Ok(kv),
+            Ok((kv, unsafe_settings)) => {
+                for why in &unsafe_settings {
+                    tracing::warn!(bucket = spec.bucket, "bucket {} {why}: `mesh-provisioner bootstrap` makes it safe", spec.bucket);
+                }
+                return Ok((kv, unsafe_settings));
+            }
             Err(e) if start.elapsed() < Duration::from_secs(60) => {
-                tracing::info!(bucket = config.bucket, "bucket not ready yet: {e}");
+                tracing::info!(bucket = spec.bucket, "bucket not ready yet: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e),
@@ -31,9 +185,17 @@ pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> Result<
     }
 }
 
-/// A bucket's settings: `history` values kept per key, `replicas` copies.
-pub fn bucket_config(bucket: &str, description: &str, history: i64, replicas: usize) -> kv::Config {
-    kv::Config { bucket: bucket.to_string(), description: description.to_string(), history, num_replicas: replicas, ..Default::default() }
+/// Creates `spec.bucket` (one attempt, under [`BUS_DEADLINE`]).
+async fn create(js: &jetstream::Context, spec: &Spec) -> Result<kv::Store> {
+    let bucket = spec.bucket.as_str();
+    bounded(
+        || format!("creating bucket {bucket}"),
+        async {
+            js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))?;
+            js.get_key_value(bucket).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("opening bucket {bucket}: {e}")))
+        },
+    )
+    .await
 }
 
 /// The longest any one bus operation of the host may take: a server that hangs (paused, cut
@@ -53,35 +215,67 @@ pub async fn bounded<T>(what: impl FnOnce() -> String, op: impl std::future::Fut
 /// The state of `bucket`'s stream, read now (a `kv::Store`'s status is what was read when it
 /// was opened); `None` when the bucket does not exist. An error only when the bus cannot say.
 pub async fn stream_state(js: &jetstream::Context, bucket: &str) -> Result<Option<jetstream::stream::State>> {
-    use async_nats::jetstream::context::GetStreamErrorKind;
-    use async_nats::jetstream::ErrorCode;
-    bounded(
-        || format!("reading the state of bucket {bucket}"),
-        async {
-            match js.get_stream(format!("KV_{bucket}")).await {
-                Ok(stream) => Ok(Some(stream.cached_info().state.clone())),
-                Err(e) => match e.kind() {
-                    GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
-                    _ => Err(Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))),
-                },
-            }
-        },
-    )
-    .await
+    Ok(stream_info(js, bucket).await?.map(|info| info.state))
 }
 
-/// Creates `config.bucket` if it does not exist, in one attempt (under [`BUS_DEADLINE`]):
-/// how a bucket the bus lost (a server restarted with an empty store) is made again. Whether
-/// it was created.
-pub async fn ensure_bucket(js: &jetstream::Context, config: kv::Config) -> Result<bool> {
-    if stream_state(js, &config.bucket).await?.is_some() {
+/// Creates `spec.bucket` if it does not exist, in one attempt (under [`BUS_DEADLINE`]): how a
+/// bucket the bus lost (a server restarted with an empty store) is made again. Whether it was
+/// created.
+pub async fn ensure_bucket(js: &jetstream::Context, spec: &Spec) -> Result<bool> {
+    if stream_state(js, &spec.bucket).await?.is_some() {
         return Ok(false);
     }
-    let bucket = config.bucket.clone();
-    bounded(
-        || format!("creating bucket {bucket}"),
-        async { js.create_key_value(config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}"))) },
-    )
-    .await?;
+    create(js, spec).await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(bucket: &str) -> stream::Config {
+        Spec::new(bucket, "test", 1, 1, Limits::default()).stream_config()
+    }
+
+    #[test]
+    fn a_bucket_made_here_is_a_safe_bucket() {
+        let c = made("mesh-provisioner_needs");
+        assert_eq!(c.subjects, ["$KV.mesh-provisioner_needs.>"]);
+        assert!(!c.allow_rollup && c.deny_delete && c.allow_direct);
+        assert_eq!((c.max_bytes, c.max_message_size), (Limits::DEFAULT_MAX_BYTES, Limits::DEFAULT_MAX_VALUE));
+        assert_eq!(shape("mesh-provisioner_needs", &c), Shape::Bucket { unsafe_settings: vec![] });
+    }
+
+    #[test]
+    fn refuses_a_stream_that_is_not_a_bucket() {
+        let b = "composed-gamma";
+        let wider = stream::Config { subjects: vec!["$KV.composed-gamma.>".into(), "mesh-provisioner.provisioning".into()], ..made(b) };
+        let other = stream::Config { subjects: vec!["mesh-provisioner.>".into()], ..made(b) };
+        let mirror = stream::Config { mirror: Some(stream::Source { name: "KV_x".into(), ..Default::default() }), ..made(b) };
+        let sourced = stream::Config { sources: Some(vec![stream::Source { name: "KV_y".into(), ..Default::default() }]), ..made(b) };
+        let republish = stream::Config { republish: Some(stream::Republish { source: ">".into(), destination: "leak.>".into(), headers_only: false }), ..made(b) };
+        let no_history = stream::Config { max_messages_per_subject: 0, ..made(b) };
+        for (config, says) in [(wider, "captures"), (other, "captures"), (mirror, "mirrors"), (sourced, "sources"), (republish, "republishes"), (no_history, "history")] {
+            match shape(b, &config) {
+                Shape::Refused(why) => assert!(why.contains(says) && why.contains("KV_composed-gamma"), "{why}"),
+                s => panic!("{says}: read as {s:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn names_each_unsafe_setting() {
+        let b = "postgres_bound";
+        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, ..made(b) };
+        let Shape::Bucket { unsafe_settings } = shape(b, &old) else { panic!("refused") };
+        assert_eq!(unsafe_settings.len(), 3, "{unsafe_settings:?}");
+        assert!(unsafe_settings[0].contains("roll-ups") && unsafe_settings[1].contains("byte limit") && unsafe_settings[2].contains("value-size"));
+    }
+
+    #[test]
+    fn a_short_lived_bucket_keeps_its_duplicate_window_within_its_age() {
+        let spec = Spec { max_age: Duration::from_secs(10), ..Spec::new("mesh-provisioner_seat", "seat", 1, 1, Limits::default()) };
+        assert_eq!(spec.stream_config().duplicate_window, Duration::from_secs(10));
+        assert_eq!(made("x").duplicate_window, Duration::from_secs(120));
+    }
 }

@@ -31,6 +31,50 @@ pub enum Command {
     Keygen(Keygen),
     /// Signs a component: writes `<component>.sig`, which `serve --trust-key` requires.
     Sign(Sign),
+    /// Makes every bucket of the mesh with the safe settings and limits (run with the
+    /// operator's credentials, before anything is installed), and makes safe the ones made
+    /// before; refuses (exit 1) a stream of a bucket's name that is not a bucket.
+    Bootstrap(Bootstrap),
+}
+
+#[derive(Args, Debug)]
+pub struct Bootstrap {
+    /// The component whose buckets are made: the ones its plans and notices read (a `*` in a
+    /// name filled with each --node for the per-node buckets, each --provider for the others),
+    /// besides the provisioner's own.
+    #[arg(long, env = "MESH_PROVISIONER_COMPONENT")]
+    pub component: PathBuf,
+    /// A node of the mesh (its compositions' bucket is made); repeat for each.
+    #[arg(long = "node")]
+    pub nodes: Vec<String>,
+    /// A provider module of the mesh (its `<provider>_bound` bucket is made); repeat for each.
+    #[arg(long = "provider")]
+    pub providers: Vec<String>,
+    #[command(flatten)]
+    pub buckets: BucketFlags,
+    #[command(flatten)]
+    pub connect: Connect,
+}
+
+/// The settings of the buckets the server or `bootstrap` makes.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct BucketFlags {
+    /// Replicas of the buckets made.
+    #[arg(long, env = "MESH_PROVISIONER_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub replicas: u8,
+    /// The byte limit of each bucket made, in MiB (a write past it is refused by the server).
+    #[arg(long, env = "MESH_PROVISIONER_BUCKET_MAX_MIB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub bucket_max_mib: u32,
+    /// The largest value one write of a node's buckets may carry, in KiB (compositions, which
+    /// carry whole plans, may carry 1 MiB).
+    #[arg(long, env = "MESH_PROVISIONER_VALUE_MAX_KIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub value_max_kib: u32,
+}
+
+impl BucketFlags {
+    pub fn limits(&self) -> crate::bucket::Limits {
+        crate::bucket::Limits { max_bytes: i64::from(self.bucket_max_mib) << 20, max_value: (self.value_max_kib << 10) as i32 }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -66,6 +110,11 @@ pub struct Connect {
     pub password: Option<String>,
     #[arg(long, env = "MESH_PROVISIONER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The prefix of this client's reply subjects (its inbox). The example config lets each
+    /// user subscribe only under its own, `_INBOX_<user>`, so that no user hears another's
+    /// replies. Default: `_INBOX_<--user>`, else `_INBOX_mesh-provisioner`.
+    #[arg(long, env = "MESH_PROVISIONER_INBOX_PREFIX")]
+    pub inbox_prefix: Option<String>,
     /// A CA certificate to trust (PEM).
     #[arg(long, env = "MESH_PROVISIONER_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
@@ -88,10 +137,45 @@ pub enum LogFormat {
     Json,
 }
 
+/// The user that serves the verbs, when it is not the buckets' user.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServiceLogin {
+    /// The user that serves the verbs (the example config's `mesh-provisioner-service`, which
+    /// may publish nothing but replies). Without a --service-* login the verbs are served as
+    /// the buckets' user.
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_USER", requires = "service_password")]
+    pub service_user: Option<String>,
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_PASSWORD", requires = "service_user", hide_env_values = true)]
+    pub service_password: Option<String>,
+    /// A credentials file for the user that serves the verbs.
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_CREDS")]
+    pub service_creds: Option<PathBuf>,
+    /// A file holding the nkey seed of the user that serves the verbs.
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_NKEY")]
+    pub service_nkey: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 pub struct Serve {
     #[command(flatten)]
     pub connect: Connect,
+    #[command(flatten)]
+    pub service: ServiceLogin,
+    #[command(flatten)]
+    pub buckets: BucketFlags,
+    /// The memory all mirrors together may hold (keys and values), in MiB: a bucket whose
+    /// mirror would pass it is not mirrored (said in /readyz, status and the metrics) rather
+    /// than grow the process until it is killed. 0: no budget.
+    #[arg(long, env = "MESH_PROVISIONER_MIRROR_BUDGET_MIB", default_value_t = 4096)]
+    pub mirror_budget_mib: u64,
+    /// Keys one node may hold in a node clients' bucket (needs, applied, collect) before it is
+    /// named in status and the metrics.
+    #[arg(long, env = "MESH_PROVISIONER_NODE_QUOTA_KEYS", default_value_t = 100_000)]
+    pub node_quota_keys: u64,
+    /// Bytes (keys and values), in MiB, one node may hold in a node clients' bucket before it
+    /// is named in status and the metrics.
+    #[arg(long, env = "MESH_PROVISIONER_NODE_QUOTA_MIB", default_value_t = 64)]
+    pub node_quota_mib: u64,
     /// The guest component (.wasm).
     #[arg(long, env = "MESH_PROVISIONER_COMPONENT")]
     pub component: PathBuf,
@@ -118,9 +202,6 @@ pub struct Serve {
     /// This instance's name in the seat's lease (default: host name, pid and a random tag).
     #[arg(long, env = "MESH_PROVISIONER_INSTANCE")]
     pub instance: Option<String>,
-    /// Replicas of the buckets the server creates.
-    #[arg(long, env = "MESH_PROVISIONER_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
-    pub replicas: u8,
     /// The embedded server's port (a free one if not given).
     #[arg(long, env = "MESH_PROVISIONER_EMBEDDED_PORT")]
     pub embedded_port: Option<u16>,

@@ -1,30 +1,102 @@
-//! Connecting to the bus as the provisioner's account: creds file, nkey, user and password or
-//! token, with TLS options; or, with no URL, to the embedded server recorded in the state dir.
+//! Connecting to the bus: creds file, nkey, user and password or token, with TLS options and
+//! the client's own inbox prefix; or, with no URL, to the embedded server recorded in the state
+//! directory.
+//!
+//! Every connection sets its inbox prefix (`_INBOX_<user>` unless told otherwise): the example
+//! config lets each user subscribe only under its own, so no user hears another's replies or the
+//! provisioner's mirror deliveries.
 
+use std::path::Path;
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions};
 
-use crate::cli::Connect;
+use crate::cli::{Connect, ServiceLogin};
 use crate::embedded::Access;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The name the provisioner's own user has in the example config.
 pub const PROVISIONER_USER: &str = "mesh-provisioner";
+/// The user that serves the verbs in the example config.
+pub const SERVICE_USER: &str = "mesh-provisioner-service";
+/// The operator, who makes the streams (`bootstrap`), in the example config.
+pub const OPERATOR_USER: &str = "mesh-operator";
 
-/// Builds connect options from the flags.
-pub async fn options(c: &Connect, name: &str) -> Result<ConnectOptions> {
+/// One way to log in.
+#[derive(Clone, Copy)]
+pub enum Login<'a> {
+    Creds(&'a Path),
+    Nkey(&'a Path),
+    User(&'a str, &'a str),
+    Token(&'a str),
+    Anonymous,
+}
+
+impl std::fmt::Debug for Login<'_> {
+    // Never the password or the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Login::Creds(p) => write!(f, "Creds({})", p.display()),
+            Login::Nkey(p) => write!(f, "Nkey({})", p.display()),
+            Login::User(u, _) => write!(f, "User({u}, <redacted>)"),
+            Login::Token(_) => write!(f, "Token(<redacted>)"),
+            Login::Anonymous => write!(f, "Anonymous"),
+        }
+    }
+}
+
+impl<'a> Login<'a> {
+    /// The login the connect flags give.
+    pub fn of(c: &'a Connect) -> Result<Login<'a>> {
+        match (&c.creds, &c.nkey, &c.user, &c.token) {
+            (Some(path), None, None, None) => Ok(Login::Creds(path)),
+            (None, Some(path), None, None) => Ok(Login::Nkey(path)),
+            (None, None, Some(user), None) => Ok(Login::User(user, c.password.as_deref().unwrap_or_default())),
+            (None, None, None, Some(token)) => Ok(Login::Token(token)),
+            (None, None, None, None) => Ok(Login::Anonymous),
+            _ => Err(Error::new(ErrorKind::Config, "give at most one of --creds, --nkey, --user/--password, --token")),
+        }
+    }
+
+    /// The login the `--service-*` flags give, if any.
+    pub fn of_service(s: &'a ServiceLogin) -> Result<Option<Login<'a>>> {
+        match (&s.service_creds, &s.service_nkey, &s.service_user) {
+            (Some(path), None, None) => Ok(Some(Login::Creds(path))),
+            (None, Some(path), None) => Ok(Some(Login::Nkey(path))),
+            (None, None, Some(user)) => Ok(Some(Login::User(user, s.service_password.as_deref().unwrap_or_default()))),
+            (None, None, None) => Ok(None),
+            _ => Err(Error::new(ErrorKind::Config, "give at most one of --service-creds, --service-nkey, --service-user/--service-password")),
+        }
+    }
+
+    /// The inbox prefix a user of the example config may subscribe under: `_INBOX_<user>`, or
+    /// `default_user`'s when the login names no user.
+    pub fn inbox(&self, default_user: &str) -> String {
+        match self {
+            Login::User(u, _) => inbox_of(u),
+            _ => inbox_of(default_user),
+        }
+    }
+}
+
+/// The inbox prefix of `user` in the example config.
+pub fn inbox_of(user: &str) -> String {
+    format!("_INBOX_{user}")
+}
+
+/// Connect options for `login` with the TLS flags of `c`, the inbox prefix `inbox` and the
+/// connection name `name`.
+pub async fn options_for(c: &Connect, login: Login<'_>, inbox: &str, name: &str) -> Result<ConnectOptions> {
     let config = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Config, format!("{what}: {e}"));
-    let mut o = match (&c.creds, &c.nkey, &c.user, &c.token) {
-        (Some(path), None, None, None) => ConnectOptions::with_credentials_file(path).await.map_err(|e| config(&format!("creds file {}", path.display()), &e))?,
-        (None, Some(path), None, None) => {
+    let mut o = match login {
+        Login::Creds(path) => ConnectOptions::with_credentials_file(path).await.map_err(|e| config(&format!("creds file {}", path.display()), &e))?,
+        Login::Nkey(path) => {
             let seed = std::fs::read_to_string(path).map_err(|e| config(&format!("nkey file {}", path.display()), &e))?;
             ConnectOptions::with_nkey(seed.trim().to_string())
         }
-        (None, None, Some(user), None) => ConnectOptions::with_user_and_password(user.clone(), c.password.clone().unwrap_or_default()),
-        (None, None, None, Some(token)) => ConnectOptions::with_token(token.clone()),
-        (None, None, None, None) => ConnectOptions::new(),
-        _ => return Err(Error::new(ErrorKind::Config, "give at most one of --creds, --nkey, --user/--password, --token")),
+        Login::User(user, password) => ConnectOptions::with_user_and_password(user.into(), password.into()),
+        Login::Token(token) => ConnectOptions::with_token(token.into()),
+        Login::Anonymous => ConnectOptions::new(),
     };
     if let Some(ca) = &c.tls_ca {
         o = o.add_root_certificates(ca.clone());
@@ -35,7 +107,24 @@ pub async fn options(c: &Connect, name: &str) -> Result<ConnectOptions> {
     if c.tls_required {
         o = o.require_tls(true);
     }
-    Ok(o.name(name).connection_timeout(Duration::from_secs(5)))
+    check_inbox(inbox)?;
+    Ok(o.name(name).custom_inbox_prefix(inbox).connection_timeout(Duration::from_secs(5)))
+}
+
+/// Builds connect options from the flags (the buckets' login, its inbox prefix).
+pub async fn options(c: &Connect, name: &str) -> Result<ConnectOptions> {
+    let login = Login::of(c)?;
+    let inbox = c.inbox_prefix.clone().unwrap_or_else(|| login.inbox(PROVISIONER_USER));
+    options_for(c, login, &inbox, name).await
+}
+
+/// An inbox prefix is one or more plain subject tokens: no wildcard, no empty token.
+fn check_inbox(inbox: &str) -> Result<()> {
+    let bad = inbox.is_empty() || inbox.split('.').any(|t| t.is_empty() || t == "*" || t == ">" || t.chars().any(|c| c.is_whitespace()));
+    if bad {
+        return Err(Error::new(ErrorKind::Config, format!("--inbox-prefix {inbox:?} is not a subject of plain tokens")));
+    }
+    Ok(())
 }
 
 /// Connects to `url` (a comma-separated list for a cluster) with `options`.
@@ -51,13 +140,35 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<Client> {
 pub async fn connect_cli(c: &Connect, name: &str) -> Result<Client> {
     match &c.nats_url {
         Some(url) => connect(url, options(c, name).await?).await,
-        None => {
-            let access = Access::load(&c.state_dir)?;
-            let password = access
-                .password(PROVISIONER_USER)
-                .ok_or_else(|| Error::new(ErrorKind::Config, "the embedded server record has no provisioner password"))?;
-            let o = ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password.into()).name(name);
-            connect(&access.url, o).await
+        None => connect_embedded(c, PROVISIONER_USER, name).await,
+    }
+}
+
+/// Connects to the embedded server recorded in the state directory as `user`.
+pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Client> {
+    let access = Access::load(&c.state_dir)?;
+    let password = access.password(user).ok_or_else(|| Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")))?;
+    let o = ConnectOptions::with_user_and_password(user.into(), password.into()).name(name).custom_inbox_prefix(inbox_of(user));
+    connect(&access.url, o).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_an_inbox_prefix_with_a_wildcard_or_an_empty_token() {
+        for bad in ["", "_INBOX.>", "*", "a..b", "_INBOX_x.", "has space"] {
+            assert!(check_inbox(bad).is_err(), "{bad:?} accepted");
         }
+        for good in ["_INBOX_node-alpha", "_INBOX", "_INBOX.mine"] {
+            assert!(check_inbox(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn a_login_never_shows_its_secret() {
+        let shown = format!("{:?} {:?}", Login::User("u", "hunter2"), Login::Token("tok-secret"));
+        assert!(!shown.contains("hunter2") && !shown.contains("tok-secret"), "{shown}");
     }
 }

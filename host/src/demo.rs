@@ -44,20 +44,15 @@ pub async fn write(access: &Access) -> Result<()> {
             // Give the plans a moment to follow (and keep beta's w3) before its want moves on.
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
+        // The embedded default's `bootstrap` made every bucket: a writer only writes.
         let js = login(access, user).await?;
-        let kv = match js.get_key_value(*bucket).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(jetstream::kv::Config { bucket: bucket.to_string(), ..Default::default() })
-                .await
-                .map_err(|e| fail(user, bucket, &e))?,
-        };
+        let kv = js.get_key_value(*bucket).await.map_err(|e| fail(user, bucket, &e))?;
         kv.put(*key, value.as_bytes().to_vec().into()).await.map_err(|e| fail(user, key, &e))?;
     }
     Ok(())
 }
 
-/// Writes into buckets their writer owns (and creates): a provider's bound values, the node
+/// Writes into buckets their writer owns: a provider's bound values, the node
 /// engines' compositions, the controller's wants, the indexer's newest builds. Beta's web is
 /// wanted at a refused build last, so it is held on the plan kept from w3 (its have).
 const OWNED: &[(&str, &str, &str, &str)] = &[
@@ -73,6 +68,7 @@ const OWNED: &[(&str, &str, &str, &str)] = &[
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
     let password = access.password(user).unwrap_or_default().to_string();
     let client = ConnectOptions::with_user_and_password(user.into(), password)
+        .custom_inbox_prefix(crate::connect::inbox_of(user))
         .connect(&access.url)
         .await
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("demo: connecting as {user}: {e}")))?;

@@ -16,8 +16,10 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SERVER_CONF: &str = include_str!("../../deploy/nats-server.conf");
 
 /// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
-pub const USERS: [(&str, &str); 10] = [
+pub const USERS: [(&str, &str); 12] = [
     ("PROVISIONER", "mesh-provisioner"),
+    ("PROVISIONER_SERVICE", "mesh-provisioner-service"),
+    ("MESH_OPERATOR", "mesh-operator"),
     ("MESH_CONTROLLER", "mesh-controller"),
     ("MESH_INDEXER", "mesh-indexer"),
     ("NODE_ALPHA", "node-alpha"),
@@ -28,6 +30,11 @@ pub const USERS: [(&str, &str); 10] = [
     ("MESH_VAULT", "mesh-vault"),
     ("SYSTEM", "system"),
 ];
+
+/// The nodes and providers the example config has users for: the embedded default's
+/// `bootstrap` makes their buckets.
+pub const EXAMPLE_NODES: [&str; 3] = ["alpha", "beta", "gamma"];
+pub const EXAMPLE_PROVIDERS: [&str; 1] = ["postgres"];
 
 /// How to reach an embedded server, kept in the state directory so `query` finds it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

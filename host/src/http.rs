@@ -79,13 +79,24 @@ async fn readyz(State(h): State<Arc<Http>>) -> Response {
     let mirrors = h.backend.mirrors();
     let behind: Vec<&str> = crate::nats::WARM_BUCKETS.iter().copied().filter(|b| !mirrors.iter().any(|(name, m)| name == b && m.is_ready())).collect();
     let loaded = h.current.get();
-    let ready = connected && behind.is_empty();
+    // A bucket refused (not a bucket's stream; past the memory budget) and a stream capturing
+    // the provisioner's subjects are each a reason not to be ready: said, with what to do.
+    let refused: Vec<Value> = mirrors.iter().filter_map(|(b, m)| m.refused().map(|why| json!({"bucket": b, "reason": why}))).collect();
+    let captures: Vec<Value> = h
+        .backend
+        .captured()
+        .into_iter()
+        .map(|(stream, subject)| json!({"stream": stream, "subject": subject, "reason": format!("stream {stream} captures subjects of {subject}: requesters get its acknowledgements instead of answers; delete it")}))
+        .collect();
+    let ready = connected && behind.is_empty() && refused.is_empty() && captures.is_empty();
     let body = json!({
         "ready": ready,
         "role": role(&h.seat),
         "instance": h.seat.instance(),
         "connected": connected,
         "mirrors_behind": behind,
+        "buckets_refused": refused,
+        "streams_capturing": captures,
         "component": {"version": loaded.info.version, "digest": loaded.guest.digest()},
     });
     let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
@@ -103,7 +114,25 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
         m.mirror_bytes.get_or_create(&label).set(mirror.bytes() as i64);
         m.mirror_lag.get_or_create(&label).set(mirror.lag() as i64);
         m.mirror_in_sync.get_or_create(&label).set(i64::from(mirror.is_ready()));
+        let health = mirror.health();
+        m.bucket_refused.get_or_create(&label).set(i64::from(health.refused.is_some()));
+        m.bucket_unsafe.get_or_create(&label).set(health.unsafe_settings.len() as i64);
     }
+    m.writer_keys.clear();
+    m.writer_bytes.clear();
+    let quota = h.backend.quota();
+    for (bucket, mirror) in h.backend.mirrors() {
+        for w in mirror.writers_over(quota) {
+            let label = crate::metrics::BucketWriter { bucket: bucket.clone(), writer: w.writer };
+            m.writer_keys.get_or_create(&label).set(w.keys as i64);
+            m.writer_bytes.get_or_create(&label).set(w.bytes as i64);
+        }
+    }
+    m.stream_captures.clear();
+    for (stream, subject) in h.backend.captured() {
+        m.stream_captures.get_or_create(&crate::metrics::Stream { stream, subject }).set(1);
+    }
+    m.mirrors_bytes.set(crate::mirror::total_bytes() as i64);
     // Module states come from the shared status read (at most one guest read per
     // SNAPSHOT_FOR, however often Prometheus scrapes).
     if let Ok(s) = snapshot(&h).await {

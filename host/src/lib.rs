@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod backend;
+pub mod bootstrap;
 pub mod bucket;
 pub mod changes;
 pub mod check;
@@ -36,4 +37,4 @@ pub mod trust;
 pub mod verify;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.4.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.5.0";

@@ -18,6 +18,7 @@ async fn main() -> std::process::ExitCode {
         Command::Registry(args) => mesh_provisioner::check::registry(&args.component).await,
         Command::Check(args) => mesh_provisioner::check::check(&args.component).await,
         Command::Keygen(args) => mesh_provisioner::trust::keygen(&args.secret).map(|public| println!("{public}")),
+        Command::Bootstrap(args) => mesh_provisioner::bootstrap::run(args).await,
         Command::Sign(args) => mesh_provisioner::trust::sign(&args.key, &args.component).map(|sig| println!("{}", sig.display())),
     };
     match result {

@@ -43,6 +43,19 @@ pub struct Bucket {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BucketWriter {
+    pub bucket: String,
+    /// A key's first token: a node, in the node clients' buckets.
+    pub writer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Stream {
+    pub stream: String,
+    pub subject: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub outcome: String,
 }
@@ -84,6 +97,14 @@ pub struct Metrics {
     pub plans_refreshed: Counter,
     pub reply_cache: Family<Outcome, Counter>,
     pub scrape_seconds: Gauge<f64, AtomicU64>,
+    pub refused_replies: Family<Endpoint, Counter>,
+    pub bucket_refused: Family<Bucket, Gauge>,
+    pub bucket_unsafe: Family<Bucket, Gauge>,
+    pub writer_keys: Family<BucketWriter, Gauge>,
+    pub writer_bytes: Family<BucketWriter, Gauge>,
+    pub stream_captures: Family<Stream, Gauge>,
+    pub mirrors_bytes: Gauge,
+    pub mirrors_budget: Gauge,
 }
 
 /// The process's metrics, made on first use.
@@ -116,6 +137,14 @@ impl Metrics {
             plans_refreshed: Counter::default(),
             reply_cache: Family::default(),
             scrape_seconds: Gauge::default(),
+            refused_replies: Family::default(),
+            bucket_refused: Family::default(),
+            bucket_unsafe: Family::default(),
+            writer_keys: Family::default(),
+            writer_bytes: Family::default(),
+            stream_captures: Family::default(),
+            mirrors_bytes: Gauge::default(),
+            mirrors_budget: Gauge::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -139,6 +168,14 @@ impl Metrics {
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
         registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());
         registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
+        registry.register("refused_replies", "Requests not answered because their reply subject is not an inbox, by endpoint ($SRV: discovery)", m.refused_replies.clone());
+        registry.register("bucket_refused", "1 while a bucket is not read: its stream is not a bucket, or its mirror would pass the memory budget", m.bucket_refused.clone());
+        registry.register("bucket_unsafe_settings", "Settings of a bucket's stream that let one writer remove or crowd out another's keys (roll-ups, no byte or value-size limit)", m.bucket_unsafe.clone());
+        registry.register("writer_over_quota_keys", "Keys held by a writer (a node) of a node clients' bucket past its quota", m.writer_keys.clone());
+        registry.register("writer_over_quota_bytes", "Bytes held by a writer (a node) of a node clients' bucket past its quota", m.writer_bytes.clone());
+        registry.register("stream_captures", "1 for each stream that captures a subject the provisioner answers or publishes on", m.stream_captures.clone());
+        registry.register("mirrors_memory_bytes", "Bytes of keys and values all mirrors hold", m.mirrors_bytes.clone());
+        registry.register("mirrors_memory_budget_bytes", "The mirrors' memory budget (0: none)", m.mirrors_budget.clone());
         Metrics { registry, ..m }
     }
 
@@ -158,6 +195,12 @@ impl Metrics {
         if let Some(code) = error {
             self.errors.get_or_create(&EndpointError { endpoint: endpoint.to_string(), code: code.to_string() }).inc();
         }
+    }
+
+    /// Counts one request not answered because its reply subject is not an inbox (always:
+    /// an attack is worth counting whether or not the HTTP side runs).
+    pub fn refused_reply(&self, endpoint: &str) {
+        self.refused_replies.get_or_create(&Endpoint { endpoint: endpoint.to_string() }).inc();
     }
 
     /// Counts one lookup of the reply cache.

@@ -12,12 +12,20 @@
 //! unique costs it no more than one who does not.
 //! Matching a subject filter is NATS subject syntax, not a key shape: the host never parses what
 //! a key means.
+//!
+//! A mirror also says what is wrong with its bucket besides its contents ([`Health`]): a stream
+//! that is not a bucket (refused: nothing is read from it), settings that put its keys at risk,
+//! a mirror dropped for the memory budget, and — for a bucket whose writers are granted one
+//! first token each (the node clients' buckets, `<node>.>`) — the writers past their quota. The
+//! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
+//! them within a budget.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -29,6 +37,55 @@ pub const MAX_SUBJECT: usize = 4096;
 /// hand the guest `limit` values of a writer's choosing (a thousand 1 MiB values would be a
 /// gigabyte). A page always holds at least one entry, so a scan always moves on.
 pub const MAX_PAGE_BYTES: usize = 4 << 20;
+
+/// The bytes (keys and values) held by every mirror of this process, for the memory budget.
+static TOTAL_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes (keys and values) every mirror of this process holds now.
+pub fn total_bytes() -> usize {
+    TOTAL_BYTES.load(Ordering::Relaxed)
+}
+
+fn grew(by: usize) {
+    TOTAL_BYTES.fetch_add(by, Ordering::Relaxed);
+}
+
+fn shrank(by: usize) {
+    // Never below zero, whatever the order of updates.
+    let _ = TOTAL_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(by)));
+}
+
+/// How much one writer of a bucket may hold before it is named: keys and bytes (keys and
+/// values). A writer is a key's first token, in the buckets whose writers are granted one each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub keys: u64,
+    pub bytes: u64,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota { keys: 100_000, bytes: 64 << 20 }
+    }
+}
+
+/// A writer past its quota: its first token, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterShare {
+    pub writer: String,
+    pub keys: u64,
+    pub bytes: u64,
+}
+
+/// What is wrong with a mirror's bucket besides its contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// The bucket is not read: its stream is not a bucket, or its mirror was dropped for the
+    /// memory budget. Reads of it fail with this reason.
+    pub refused: Option<String>,
+    /// Settings of its stream that let one writer remove or crowd out another's keys.
+    pub unsafe_settings: Vec<String>,
+}
 
 /// One stored value. Boxed slices keep a million-key mirror small.
 #[derive(Debug, Clone)]
@@ -122,6 +179,36 @@ struct State {
     ready: bool,
     /// The bucket does not exist (the mirror is then empty).
     missing: bool,
+    /// Keys and bytes by first token, kept only for a mirror that counts its writers.
+    writers: Option<HashMap<Box<str>, (u64, u64)>>,
+}
+
+impl State {
+    fn count(&mut self, key: &str, keys: i64, bytes: i64) {
+        let Some(writers) = self.writers.as_mut() else { return };
+        let writer = key.split('.').next().unwrap_or(key);
+        if !writers.contains_key(writer) {
+            writers.insert(writer.into(), (0, 0));
+        }
+        let Some(c) = writers.get_mut(writer) else { return };
+        c.0 = c.0.saturating_add_signed(keys);
+        c.1 = c.1.saturating_add_signed(bytes);
+        if c.0 == 0 {
+            writers.remove(writer);
+        }
+    }
+
+    /// Empties the contents (not the revision or the flags).
+    fn empty(&mut self) {
+        shrank(self.bytes);
+        self.entries.clear();
+        self.tombstones.clear();
+        self.by_token.clear();
+        self.bytes = 0;
+        if let Some(w) = self.writers.as_mut() {
+            w.clear();
+        }
+    }
 }
 
 /// A bucket's contents, as of [`Mirror::revision`].
@@ -140,6 +227,14 @@ pub struct Mirror {
     /// Moves whenever the contents or state may change (every write lock taken): a reply read
     /// at one version holds while the version does (the reply cache).
     version: AtomicU64,
+    /// What is wrong with the bucket (see [`Health`]); changing it moves the version.
+    health: Mutex<Health>,
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        shrank(self.read().bytes);
+    }
 }
 
 /// What an audit compares with the bucket's stream: the last revision applied, and the
@@ -164,6 +259,75 @@ impl Mirror {
         let m = Self::default();
         m.touch();
         m
+    }
+
+    /// A mirror that counts keys and bytes by first token (its writers), for a bucket whose
+    /// writers are granted one first token each.
+    pub fn counting_writers() -> Self {
+        let m = Self::new();
+        m.write().writers = Some(HashMap::new());
+        m
+    }
+
+    /// A new empty mirror that counts what this one counts (a copy to build aside).
+    pub fn like(&self) -> Self {
+        if self.read().writers.is_some() {
+            Self::counting_writers()
+        } else {
+            Self::new()
+        }
+    }
+
+    /// The writers holding more than `quota`, by first token; none for a mirror that does not
+    /// count its writers.
+    pub fn writers_over(&self, quota: Quota) -> Vec<WriterShare> {
+        let s = self.read();
+        let mut over: Vec<WriterShare> = s
+            .writers
+            .iter()
+            .flatten()
+            .filter(|(_, (k, b))| *k > quota.keys || *b > quota.bytes)
+            .map(|(w, (k, b))| WriterShare { writer: w.to_string(), keys: *k, bytes: *b })
+            .collect();
+        over.sort_by(|a, b| a.writer.cmp(&b.writer));
+        over
+    }
+
+    /// What is wrong with the bucket, as last seen.
+    pub fn health(&self) -> Health {
+        self.health.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records the stream's unsafe settings; whether they changed.
+    pub fn set_unsafe_settings(&self, unsafe_settings: Vec<String>) -> bool {
+        self.update_health(|h| h.unsafe_settings = unsafe_settings)
+    }
+
+    /// Refuses the bucket (emptying the mirror: nothing of it is answered) or takes it back;
+    /// whether that changed.
+    pub fn set_refused(&self, refused: Option<String>) -> bool {
+        if refused.is_some() {
+            self.write().empty();
+        }
+        self.update_health(|h| h.refused = refused)
+    }
+
+    /// Why the bucket is not read, if it is not.
+    pub fn refused(&self) -> Option<String> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner()).refused.clone()
+    }
+
+    fn update_health(&self, change: impl FnOnce(&mut Health)) -> bool {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let before = h.clone();
+        change(&mut h);
+        let changed = *h != before;
+        drop(h);
+        if changed {
+            // A reply kept over the old health must not outlive it.
+            drop(self.write());
+        }
+        changed
     }
 
     /// Records that the mirror was asked for now.
@@ -208,9 +372,17 @@ impl Mirror {
             let was = old.value.len();
             *old = stored;
             s.bytes = s.bytes + value.len() - was;
+            if value.len() >= was {
+                grew(value.len() - was);
+            } else {
+                shrank(was - value.len());
+            }
+            s.count(key, 0, value.len() as i64 - was as i64);
             return;
         }
         s.bytes += key.len() + value.len();
+        grew(key.len() + value.len());
+        s.count(key, 1, (key.len() + value.len()) as i64);
         let key: Arc<str> = key.into();
         for index in s.by_token.iter_mut() {
             index.insert(&key);
@@ -225,6 +397,8 @@ impl Mirror {
         let key = match s.entries.remove_entry(key) {
             Some((key, old)) => {
                 s.bytes -= key.len() + old.value.len();
+                shrank(key.len() + old.value.len());
+                s.count(&key, -1, -((key.len() + old.value.len()) as i64));
                 for index in s.by_token.iter_mut() {
                     index.remove(&key);
                 }
@@ -265,6 +439,8 @@ impl Mirror {
         let new = std::mem::take(&mut *staged.write());
         let mut s = self.write();
         let old = std::mem::replace(&mut *s, new);
+        // The staged bytes move here (counted once already); the old copy's are freed.
+        shrank(old.bytes);
         s.ready = true;
         drop(s);
         self.lag.store(staged.lag(), Ordering::Relaxed);
@@ -287,10 +463,7 @@ impl Mirror {
     pub fn set_missing(&self, missing: bool) {
         let mut s = self.write();
         if missing {
-            s.entries.clear();
-            s.tombstones.clear();
-            s.by_token.clear();
-            s.bytes = 0;
+            s.empty();
         }
         s.missing = missing;
     }
@@ -305,10 +478,7 @@ impl Mirror {
     pub fn clear(&self) {
         let mut s = self.write();
         s.revision = 0;
-        s.entries.clear();
-        s.tombstones.clear();
-        s.by_token.clear();
-        s.bytes = 0;
+        s.empty();
         s.ready = false;
     }
 
@@ -549,6 +719,40 @@ mod tests {
 
     fn keys(p: &Page) -> Vec<&str> {
         p.entries.iter().map(|e| e.key.as_str()).collect()
+    }
+
+    #[test]
+    fn counts_each_writer_and_names_those_past_their_quota() {
+        let m = Mirror::counting_writers();
+        for i in 0..5 {
+            m.put(&format!("alpha.app.config.k{i}"), i + 1, b"0123456789");
+        }
+        m.put("beta.web.config.x", 9, b"{}");
+        let quota = Quota { keys: 4, bytes: 1 << 20 };
+        let over = m.writers_over(quota);
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert_eq!((over[0].writer.as_str(), over[0].keys), ("alpha", 5));
+        assert_eq!(over[0].bytes, 5 * ("alpha.app.config.k0".len() as u64 + 10));
+        // A rewrite changes bytes, not keys; a delete gives the key back.
+        m.put("alpha.app.config.k0", 20, b"");
+        m.delete("alpha.app.config.k1", 21);
+        assert!(m.writers_over(quota).is_empty(), "alpha is back within 4 keys");
+        assert!(m.writers_over(Quota { keys: 100, bytes: 10 }).iter().any(|w| w.writer == "alpha"), "past the bytes");
+        // A copy built aside counts as the mirror does; a plain mirror counts nobody.
+        assert!(m.like().read().writers.is_some());
+        assert!(mirror(&["alpha.x"]).writers_over(Quota { keys: 0, bytes: 0 }).is_empty());
+    }
+
+    #[test]
+    fn a_refused_bucket_holds_nothing_and_moves_the_version() {
+        let m = mirror(&["a.b", "a.c"]);
+        let v = m.version();
+        assert!(m.set_refused(Some("not a bucket".into())));
+        assert!(m.is_empty() && m.bytes() == 0);
+        assert!(m.version() > v, "a reply kept over the old contents must not outlive them");
+        assert!(!m.set_refused(Some("not a bucket".into())), "no change, no news");
+        assert!(m.set_unsafe_settings(vec!["allows roll-ups".into()]));
+        assert_eq!(m.health().refused.as_deref(), Some("not a bucket"));
     }
 
     #[test]

@@ -17,11 +17,11 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 
 use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
-use crate::bucket::{bounded, bucket_config, ensure_bucket, open_bucket, stream_state};
+use crate::bucket::{bounded, ensure_bucket, open_bucket, stream_info, Limits, Shape, Spec};
 use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
 use crate::kept::KeptPlans;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, Quota};
 use crate::seat::Seat;
 
 /// The buckets the node clients write and the provisioner reads.
@@ -53,13 +53,35 @@ const DISCOVERY_SETTLE: Duration = Duration::from_millis(30);
 const DISCOVERY_KEPT: usize = 1024;
 /// Most buckets mirrored at once: the guest names buckets, and each costs a watch.
 pub const MAX_MIRRORS: usize = 4096;
+/// How often a refused bucket (not a bucket's stream, or dropped for the memory budget) is
+/// looked at again.
+const REFUSED_POLL: Duration = Duration::from_secs(10);
+
+/// How the backend makes and keeps its buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Replicas of the buckets this server creates.
+    pub replicas: usize,
+    /// The limits of the node clients' buckets this server creates.
+    pub limits: Limits,
+    /// The bytes (keys and values) all mirrors together may hold; a mirror whose growth passes
+    /// it is dropped and its bucket refused until there is room (0: no budget).
+    pub mirror_budget: usize,
+    /// What one node may hold of a node clients' bucket before it is named.
+    pub quota: Quota,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { replicas: 1, limits: Limits::default(), mirror_budget: 0, quota: Quota::default() }
+    }
+}
 
 /// The bus's buckets as last listed: when, at which creation count, and their names.
 type Listing = (Option<(Instant, u64)>, std::collections::HashSet<String>);
 
 pub struct NatsBackend {
-    /// Replicas of the buckets this server creates.
-    replicas: usize,
+    options: Options,
     client: Client,
     /// Discovery answers by service: when asked and how many responded.
     discovered: std::sync::Mutex<HashMap<String, (Instant, u32)>>,
@@ -75,6 +97,9 @@ pub struct NatsBackend {
     names: tokio::sync::Mutex<Listing>,
     /// Streams announced created (and reconnections): a listing made before the latest is stale.
     created: Arc<std::sync::atomic::AtomicU64>,
+    /// Streams found capturing the provisioner's subjects, with the subject (see
+    /// [`NatsBackend::captures`]).
+    captured: std::sync::Mutex<Vec<(String, String)>>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
     seat: OnceLock<Arc<Seat>>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
@@ -85,20 +110,19 @@ pub struct NatsBackend {
 }
 
 impl NatsBackend {
-    /// Opens (or creates) the provisioner's buckets with `replicas` replicas; plans are kept
-    /// by `kept`.
-    pub async fn open(client: Client, replicas: usize, kept: KeptPlans) -> Result<Arc<Self>> {
+    /// Opens (or creates) the provisioner's buckets as `options` say; plans are kept by `kept`.
+    pub async fn open(client: Client, options: Options, kept: KeptPlans) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
-        let mut owned = owned_buckets(replicas).into_iter();
+        let mut owned = owned_buckets(&options).into_iter();
         let registry = match owned.next() {
-            Some(config) => open_bucket(&js, config).await?,
+            Some(spec) => open_bucket(&js, &spec).await?.0,
             None => return Err(Error::new(ErrorKind::Config, "no registry bucket")),
         };
-        for config in owned {
-            open_bucket(&js, config).await?;
+        for spec in owned {
+            open_bucket(&js, &spec).await?;
         }
         Ok(Arc::new(NatsBackend {
-            replicas,
+            options,
             client,
             discovered: Default::default(),
             pings: Default::default(),
@@ -106,6 +130,7 @@ impl NatsBackend {
             registry,
             mirrors: Default::default(),
             names: Default::default(),
+            captured: Default::default(),
             created: Default::default(),
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
@@ -119,9 +144,9 @@ impl NatsBackend {
     /// with an empty store): the names of those made.
     pub async fn ensure_owned(&self) -> Result<Vec<String>> {
         let mut made = Vec::new();
-        for config in owned_buckets(self.replicas) {
-            let bucket = config.bucket.clone();
-            if ensure_bucket(&self.js, config).await? {
+        for spec in owned_buckets(&self.options) {
+            let bucket = spec.bucket.clone();
+            if ensure_bucket(&self.js, &spec).await? {
                 made.push(bucket);
             }
         }
@@ -184,9 +209,12 @@ impl NatsBackend {
                         return Err(Error::new(ErrorKind::Invalid, format!("{MAX_MIRRORS} buckets are mirrored already; not {bucket}")));
                     }
                     None => {
-                        let m = Arc::new(Mirror::new());
+                        // The node clients' buckets: each node writes `<node>.>`, so a key's
+                        // first token is its writer, counted against the quota.
+                        let m = Arc::new(if CLIENT_BUCKETS.contains(&bucket) { Mirror::counting_writers() } else { Mirror::new() });
                         map.insert(bucket.to_string(), m.clone());
                         let follower = Follower {
+                            budget: self.options.mirror_budget,
                             js: self.js.clone(),
                             bucket: bucket.to_string(),
                             mirror: m.clone(),
@@ -208,7 +236,62 @@ impl NatsBackend {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        if let Some(why) = mirror.refused() {
+            return Err(Error::new(ErrorKind::Denied, why));
+        }
         Ok(mirror)
+    }
+
+    /// What one node may hold of a node clients' bucket before it is named.
+    pub fn quota(&self) -> Quota {
+        self.options.quota
+    }
+
+    /// The mirrors' memory budget (0: none).
+    pub fn mirror_budget(&self) -> usize {
+        self.options.mirror_budget
+    }
+
+    /// Records the streams last found capturing the provisioner's subjects; whether that
+    /// changed.
+    pub fn set_captures(&self, found: Vec<(String, String)>) -> bool {
+        let mut c = self.captured.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = *c != found;
+        *c = found;
+        changed
+    }
+
+    /// The streams that capture a subject the provisioner answers or publishes on (its verbs,
+    /// its notices and events, the micro-service subjects): a requester's answer would be
+    /// the stream's publish acknowledgement, a notice would be stored. Each with the subject it
+    /// captures.
+    pub async fn captures(&self) -> Result<Vec<(String, String)>> {
+        #[derive(serde::Deserialize)]
+        struct Names {
+            streams: Option<Vec<String>>,
+        }
+        let mut found = Vec::new();
+        for subject in CAPTURED_NEVER {
+            let names: jetstream::response::Response<Names> = bounded(
+                || format!("listing streams that capture {subject}"),
+                async {
+                    self.js
+                        .request("STREAM.NAMES", &serde_json::json!({ "subject": subject }))
+                        .await
+                        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing streams that capture {subject}: {e}")))
+                },
+            )
+            .await?;
+            match names {
+                jetstream::response::Response::Ok(n) => found.extend(n.streams.unwrap_or_default().into_iter().map(|s| (s, subject.to_string()))),
+                jetstream::response::Response::Err { error } => {
+                    return Err(Error::new(ErrorKind::Unavailable, format!("listing streams that capture {subject}: {error}")))
+                }
+            }
+        }
+        found.sort();
+        found.dedup_by(|a, b| a.0 == b.0);
+        Ok(found)
     }
 
     /// Follows the server's stream-created advisories, so that a listing of the buckets is
@@ -326,10 +409,16 @@ impl NatsBackend {
     }
 }
 
+/// Subjects no stream may capture: the verbs, the notices and events, the micro-service
+/// protocol.
+pub const CAPTURED_NEVER: [&str; 2] = ["mesh-provisioner.>", "$SRV.>"];
+
 /// The buckets this server creates (the registry first), with their settings.
-fn owned_buckets(replicas: usize) -> Vec<kv::Config> {
-    let mut all = vec![bucket_config(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, replicas)];
-    all.extend(CLIENT_BUCKETS.iter().map(|b| bucket_config(b, "written by each node's provisioner client", 1, replicas)));
+pub fn owned_buckets(options: &Options) -> Vec<Spec> {
+    // A few dozen kinds of a few hundred bytes each, five revisions kept.
+    let registry = Limits { max_bytes: 16 << 20, max_value: Limits::DEFAULT_MAX_VALUE };
+    let mut all = vec![Spec::new(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, options.replicas, registry)];
+    all.extend(CLIENT_BUCKETS.iter().map(|b| Spec::new(b, "written by each node's provisioner client", 1, options.replicas, options.limits)));
     all
 }
 
@@ -339,10 +428,14 @@ enum Followed {
     Lost(Result<()>),
     /// The bucket does not exist (any more): the mirror is empty and in sync.
     Missing,
+    /// The bucket is not read (see [`Mirror::set_refused`]), for this reason.
+    Refused(String),
 }
 
 /// Keeps one mirror equal to its bucket.
 struct Follower {
+    /// The bytes all mirrors may hold (0: no budget).
+    budget: usize,
     js: jetstream::Context,
     bucket: String,
     mirror: Arc<Mirror>,
@@ -380,8 +473,23 @@ impl Follower {
                 }
             };
             match outcome {
+                Followed::Refused(why) => {
+                    if self.mirror.set_refused(Some(why.clone())) {
+                        tracing::error!(bucket = self.bucket, "bucket refused: {why}");
+                        self.changes.record(&self.bucket, None);
+                    }
+                    self.mirror.set_ready(true);
+                    was_missing = false;
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFUSED_POLL) => {},
+                        _ = resync.changed() => {},
+                        _ = self.mirror.rebuild_requested() => {},
+                    }
+                    continue;
+                }
                 Followed::Missing => {
                     if !was_missing {
+                        self.mirror.set_refused(None);
                         self.mirror.clear();
                         self.mirror.set_missing(true);
                         self.mirror.set_ready(true);
@@ -420,8 +528,18 @@ impl Follower {
     async fn once(&self) -> Followed {
         let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
-        match stream_state(&self.js, bucket).await {
-            Ok(Some(_)) => {}
+        match stream_info(&self.js, bucket).await {
+            Ok(Some(info)) => match crate::bucket::shape(bucket, &info.config) {
+                Shape::Refused(why) => return Followed::Refused(why),
+                Shape::Bucket { unsafe_settings } => {
+                    for why in &unsafe_settings {
+                        if !mirror.health().unsafe_settings.contains(why) {
+                            tracing::warn!(bucket, "bucket {bucket} {why}: `mesh-provisioner bootstrap` makes it safe");
+                        }
+                    }
+                    mirror.set_unsafe_settings(unsafe_settings);
+                }
+            },
             Ok(None) => return Followed::Missing,
             Err(e) => return Followed::Lost(Err(e)),
         }
@@ -433,7 +551,7 @@ impl Follower {
                 // empty (ready at once), where the other order would wait for a replay of
                 // nothing. The state is read fresh: a store's status is as of its opening.
                 let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
-                let state = stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
+                let state = crate::bucket::stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
                 Ok::<_, Error>((state, watch))
             },
         );
@@ -441,13 +559,14 @@ impl Follower {
             Ok(o) => o,
             Err(e) => return Followed::Lost(Err(e)),
         };
-        let staged = Mirror::new();
+        let staged = mirror.like();
         // The stream's last revision, even when its newest messages are gone (expired,
         // purged): the mirror is then as far as the stream, not behind it.
         staged.note_revision(state.last_sequence);
         let mut live = false;
         let started = Instant::now();
         if state.messages == 0 {
+            mirror.set_refused(None);
             mirror.adopt(&staged);
             live = true;
             self.changes.record(bucket, None);
@@ -473,6 +592,14 @@ impl Follower {
             let deleted = match entry.operation {
                 kv::Operation::Put => {
                     target.put(&entry.key, entry.revision, &entry.value);
+                    if self.budget > 0 && crate::mirror::total_bytes() > self.budget {
+                        // Dropped rather than grown until the process is killed: this bucket
+                        // is refused (said in /readyz, status and the metrics) until there is
+                        // room again.
+                        staged.clear();
+                        let why = format!("the mirrors' memory budget of {} bytes is spent: {bucket} is not mirrored until there is room", self.budget);
+                        return Followed::Refused(why);
+                    }
                     false
                 }
                 kv::Operation::Delete | kv::Operation::Purge => {
@@ -485,6 +612,7 @@ impl Follower {
                 self.changes.record(bucket, Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
+                mirror.set_refused(None);
                 mirror.adopt(&staged);
                 live = true;
                 self.changes.record(bucket, None);
@@ -570,6 +698,14 @@ impl Backend for NatsBackend {
 
     fn kept(&self) -> &KeptPlans {
         &self.kept
+    }
+
+    fn captured(&self) -> Vec<(String, String)> {
+        self.captured.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn quota(&self) -> Quota {
+        self.options.quota
     }
 
     fn listing_stamp(&self) -> Option<(Instant, u64)> {

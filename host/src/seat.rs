@@ -19,11 +19,14 @@ use crate::error::Result;
 
 pub const SEAT_BUCKET: &str = "mesh-provisioner_seat";
 pub const HOLDER: &str = "holder";
+/// The lease's default length (`--seat-ttl`), and the seat bucket's max age when `bootstrap`
+/// makes it.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
 pub struct Seat {
     js: jetstream::Context,
     /// The seat bucket's settings, to make it again if the bus loses it.
-    config: kv::Config,
+    config: crate::bucket::Spec,
     kv: kv::Store,
     instance: String,
     /// How long this instance's leases last (at most the bucket's max age).
@@ -43,7 +46,7 @@ impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
         let config = seat_bucket(ttl, replicas);
-        let kv = crate::bucket::open_bucket(js, config.clone()).await?;
+        let (kv, _) = crate::bucket::open_bucket(js, &config).await?;
         // The bucket was created by whoever came first, perhaps with a shorter TTL: its max age
         // expires a lease that is not renewed within it, so this instance may hold no longer.
         let max_age = match kv.status().await {
@@ -62,7 +65,7 @@ impl Seat {
     /// Makes the seat's bucket again if the bus lost it (a server restarted with an empty
     /// store); whether it was made.
     pub async fn ensure_bucket(&self) -> Result<bool> {
-        crate::bucket::ensure_bucket(&self.js, self.config.clone()).await
+        crate::bucket::ensure_bucket(&self.js, &self.config).await
     }
 
     pub fn instance(&self) -> &str {
@@ -245,13 +248,9 @@ impl Seat {
 }
 
 /// The seat bucket: one value kept, expired after the TTL.
-fn seat_bucket(ttl: Duration, replicas: usize) -> kv::Config {
-    kv::Config {
-        bucket: SEAT_BUCKET.into(),
-        description: "mesh-provisioner: who holds the seat".into(),
-        history: 1,
-        max_age: ttl,
-        num_replicas: replicas,
-        ..Default::default()
-    }
+pub fn seat_bucket(ttl: Duration, replicas: usize) -> crate::bucket::Spec {
+    // One lease of a few hundred bytes: a small limit, so nothing else fits in it.
+    let limits = crate::bucket::Limits { max_bytes: 1 << 20, max_value: 4 << 10 };
+    crate::bucket::Spec { max_age: ttl, ..crate::bucket::Spec::new(SEAT_BUCKET, "mesh-provisioner: who holds the seat", 1, replicas, limits) }
 }
+

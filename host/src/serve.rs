@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::backend::Backend;
 use crate::cli::Serve;
-use crate::connect::{self, PROVISIONER_USER};
+use crate::connect::{self, Login, OPERATOR_USER, PROVISIONER_USER, SERVICE_USER};
 use crate::current::Current;
 use crate::embedded::{self, Access, Server};
 use crate::error::{Error, ErrorKind, Result};
@@ -42,6 +42,20 @@ pub async fn run(args: Serve) -> Result<()> {
         (None, false) => None,
     };
     let (bus, embedded, reconnections) = connect(&args).await?;
+    if let Some(server) = &embedded {
+        // The embedded default is its own operator: every bucket of the example mesh made
+        // with the safe settings before anything writes.
+        let access = &server.access;
+        let operator = async_nats::ConnectOptions::with_user_and_password(OPERATOR_USER.into(), access.password(OPERATOR_USER).unwrap_or_default().into())
+            .custom_inbox_prefix(connect::inbox_of(OPERATOR_USER))
+            .name("mesh-provisioner bootstrap");
+        let operator = connect::connect(&access.url, operator).await?;
+        let plan = crate::bootstrap::Plan::of(&current.get().guest, &embedded::EXAMPLE_NODES, &embedded::EXAMPLE_PROVIDERS, args.buckets, limits).await?;
+        let report = crate::bootstrap::apply(&async_nats::jetstream::new(operator.clone()), &plan).await;
+        let _ = operator.drain().await;
+        report.log();
+        report.result()?;
+    }
     let opened = open(&args, bus, current).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust, limits);
     if let Some(listener) = http {
@@ -53,15 +67,18 @@ pub async fn run(args: Serve) -> Result<()> {
     served
 }
 
-/// The two connections to the bus, as the same user: one for the buckets (mirrors, writes,
-/// the seat, discovery) and one that only serves the verbs.
+/// The two connections to the bus: one for the buckets (mirrors, writes, the seat, discovery)
+/// and one that only serves the verbs, as its own user when one is given (`--service-*`; the
+/// embedded default's `mesh-provisioner-service`), whose grant is nothing but replies.
 ///
-/// Why two: `nats-server` tracks, per connection of a user with `allow_responses`, every reply
-/// subject delivered to it, and prunes that table by walking it whole. Every message a mirror's
-/// consumer delivers carries a reply subject (`$JS.ACK…`) that is never answered, so on one
-/// shared connection a replay of a million keys left a million entries that every request then
-/// paid for (measured: `pruneReplyPerms` 74% of the server's CPU, the verb at 0.15–0.34× the
-/// echo's throughput at 1M keys). The serving connection only ever holds requests it answers.
+/// Why two: the serving user may then publish nothing but a reply, and the buckets' user needs
+/// no `allow_responses`. And `nats-server` tracks, per connection of a user with
+/// `allow_responses`, every reply subject delivered to it, and prunes that table by walking it
+/// whole. Every message a mirror's consumer delivers carries a reply subject (`$JS.ACK…`) that
+/// is never answered, so on one shared connection a replay of a million keys left a million
+/// entries that every request then paid for (measured: `pruneReplyPerms` 74% of the server's
+/// CPU, the verb at 0.15–0.34× the echo's throughput at 1M keys). The serving connection only
+/// ever holds requests it answers.
 struct Bus {
     client: async_nats::Client,
     service: async_nats::Client,
@@ -94,7 +111,14 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
         let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?;
-        let service = connect::connect(url, connect::options(&args.connect, "mesh-provisioner-service").await?.event_callback(on_server_error)).await?;
+        let service_options = match Login::of_service(&args.service)? {
+            Some(login) => connect::options_for(&args.connect, login, &login.inbox(SERVICE_USER), "mesh-provisioner-service").await?,
+            None => {
+                tracing::warn!("the verbs are served as the buckets' user: give --service-user (or --service-creds, --service-nkey) for a user that may publish nothing but replies");
+                connect::options(&args.connect, "mesh-provisioner-service").await?
+            }
+        };
+        let service = connect::connect(url, service_options.event_callback(on_server_error)).await?;
         return Ok((Bus { client, service }, None, events));
     }
     let dir = state.join("nats");
@@ -111,10 +135,13 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
         state.display()
     );
-    let password = access.password(PROVISIONER_USER).unwrap_or_default().to_string();
-    let as_provisioner = |name: &str| async_nats::ConnectOptions::with_user_and_password(PROVISIONER_USER.into(), password.clone()).name(name);
-    let client = connect::connect(&access.url, as_provisioner("mesh-provisioner").event_callback(on_event)).await?;
-    let service = connect::connect(&access.url, as_provisioner("mesh-provisioner-service").event_callback(on_server_error)).await?;
+    let as_user = |user: &str, name: &str| {
+        async_nats::ConnectOptions::with_user_and_password(user.into(), access.password(user).unwrap_or_default().into())
+            .custom_inbox_prefix(connect::inbox_of(user))
+            .name(name)
+    };
+    let client = connect::connect(&access.url, as_user(PROVISIONER_USER, "mesh-provisioner").event_callback(on_event)).await?;
+    let service = connect::connect(&access.url, as_user(SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
     Ok((Bus { client, service }, Some(server), events))
 }
 
@@ -133,14 +160,21 @@ struct Opened {
 async fn open(args: &Serve, bus: Bus, current: Arc<Current>) -> Result<Opened> {
     let Bus { client, service } = bus;
     let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
-    let nats = NatsBackend::open(client.clone(), args.replicas as usize, kept).await?;
+    let options = crate::nats::Options {
+        replicas: args.buckets.replicas as usize,
+        limits: args.buckets.limits(),
+        mirror_budget: usize::try_from(args.mirror_budget_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        quota: crate::mirror::Quota { keys: args.node_quota_keys, bytes: args.node_quota_mib.saturating_mul(1 << 20) },
+    };
+    crate::metrics::metrics().mirrors_budget.set(i64::try_from(options.mirror_budget).unwrap_or(i64::MAX));
+    let nats = NatsBackend::open(client.clone(), options, kept).await?;
     nats.follow_creations().await;
     let backend: Arc<dyn Backend> = nats.clone();
     let instance = match &args.instance {
         Some(i) => i.clone(),
         None => default_instance()?,
     };
-    let seat = Seat::open(nats.jetstream(), args.seat_ttl, args.replicas as usize, instance).await?;
+    let seat = Seat::open(nats.jetstream(), args.seat_ttl, args.buckets.replicas as usize, instance).await?;
     nats.gate_writes(seat.clone());
     // A standby keeps its mirrors warm so that taking over is quick.
     for bucket in crate::nats::WARM_BUCKETS {

@@ -7,6 +7,13 @@
 //! flight. Subscriptions here live as long as the server does. Each request is answered by the
 //! current guest; the host only maps the guest's reply code to the micro-service error headers
 //! (`400`, `503`, `500`) and keeps the body, which for errors is `{"error":{"code","message"}}`.
+//!
+//! A reply goes only to an inbox ([`is_inbox`]: `_INBOX` or `_INBOX_<user>`). nats-server lets
+//! a responder publish on whatever reply subject a request names, whatever its publish
+//! permissions say, so a request whose reply subject is `$KV.mesh-provisioner_seat.holder` or
+//! another node's notice subject would otherwise make this server write there. Such a request
+//! is answered by nobody, counted (`$SRV.STATS` `data.refused_replies`, the metric
+//! `mesh_provisioner_refused_replies_total`) and logged once per requester.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -41,6 +48,27 @@ struct Stats {
     processing: Duration,
     /// Requests shed with `503 overloaded` (also counted as requests and errors).
     overloaded: u64,
+    /// Requests not answered because their reply subject is not an inbox.
+    refused_replies: u64,
+}
+
+/// Most requesters whose refused reply subjects are logged; past them refusals are counted only.
+const REFUSALS_LOGGED: usize = 1024;
+
+/// Whether a reply may go to `subject`: an inbox (first token `_INBOX` or `_INBOX_<…>`), plain
+/// tokens only. Nothing the provisioner publishes on otherwise starts so.
+pub fn is_inbox(subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    let first_ok = tokens.next().is_some_and(|t| t == "_INBOX" || (t.starts_with("_INBOX_") && t.len() > "_INBOX_".len()));
+    first_ok
+        && subject.len() <= crate::mirror::MAX_SUBJECT
+        && subject.split('.').all(|t| !t.is_empty() && t != "*" && t != ">" && !t.chars().any(|c| c.is_whitespace() || c.is_control()))
+}
+
+/// Who a refused reply subject points at, for logging once per requester: the subject without
+/// its last token (a requester's own unique ids vary there).
+fn requester_of(subject: &str) -> &str {
+    subject.rsplit_once('.').map_or(subject, |(head, _)| head)
 }
 
 /// One instance of the micro service.
@@ -54,12 +82,15 @@ pub struct Micro {
     audits: Arc<crate::audit::Counts>,
     /// Per endpoint, in [`ENDPOINTS`] order.
     stats: Mutex<[Stats; 2]>,
+    /// Refused reply subjects already logged (by requester), and refusals of the `$SRV`
+    /// subjects.
+    refusals: Mutex<(std::collections::HashSet<String>, u64)>,
 }
 
 impl Micro {
     pub fn new(current: Arc<Current>, seat: Option<Arc<Seat>>, backend: Arc<dyn Backend>, audits: Arc<crate::audit::Counts>) -> Result<Arc<Self>> {
         let id = crate::embedded::random_password()?.chars().take(22).collect();
-        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, backend, audits, stats: Mutex::default() }))
+        Ok(Arc::new(Micro { id, started: rfc3339(SystemTime::now()), current, seat, backend, audits, stats: Mutex::default(), refusals: Mutex::default() }))
     }
 
     pub fn id(&self) -> &str {
@@ -124,6 +155,7 @@ impl Micro {
             repairs.insert(bucket, json!(r));
         }
         let (audits, repairs) = (Value::Object(audits), Value::Object(repairs));
+        let srv_refused = self.refusals.lock().unwrap_or_else(|p| p.into_inner()).1;
         v["endpoints"] = ENDPOINTS
             .iter()
             .zip(all.iter())
@@ -133,11 +165,40 @@ impl Micro {
                     "name": name, "subject": subject, "queue_group": QUEUE_GROUP,
                     "num_requests": s.requests, "num_errors": s.errors, "last_error": s.last_error,
                     "processing_time": s.processing.as_nanos() as u64, "average_processing_time": average,
-                    "data": { "overloaded": s.overloaded, "mirror_audits": audits, "mirror_repairs": repairs },
+                    "data": {
+                        "overloaded": s.overloaded, "refused_replies": s.refused_replies, "srv_refused_replies": srv_refused,
+                        "mirror_audits": audits, "mirror_repairs": repairs,
+                    },
                 })
             })
             .collect();
         v
+    }
+
+    /// Whether a reply may go to `reply`; when not, the refusal is counted (per endpoint, or
+    /// for the `$SRV` subjects with `endpoint` none) and logged once per requester.
+    fn may_reply(&self, endpoint: Option<usize>, reply: &str) -> bool {
+        if is_inbox(reply) {
+            return true;
+        }
+        let name = endpoint.and_then(|e| ENDPOINTS.get(e)).map_or("$SRV", |e| e.0);
+        crate::metrics::metrics().refused_reply(name);
+        match endpoint {
+            Some(e) => {
+                let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(s) = all.get_mut(e) {
+                    s.refused_replies += 1;
+                }
+            }
+            None => self.refusals.lock().unwrap_or_else(|p| p.into_inner()).1 += 1,
+        }
+        let requester = requester_of(reply);
+        let mut logged = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.0.len() < REFUSALS_LOGGED && logged.0.insert(requester.to_string()) {
+            let shown: String = reply.chars().take(256).collect();
+            tracing::warn!(endpoint = name, reply = shown, "a request asked for its reply on a subject that is not an inbox: not answered (further ones from {requester:?} are counted, not logged)");
+        }
+        false
     }
 
     fn count_overloaded(&self, endpoint: usize) {
@@ -212,6 +273,12 @@ pub async fn serve(serving: Serving, shutdown: impl std::future::Future<Output =
         tokio::select! {
             request = endpoint.next() => {
                 let Some((which, request)) = request else { break };
+                // Before any work: a request that wants its answer anywhere but an inbox gets
+                // none, and costs no slot.
+                match &request.reply {
+                    Some(reply) if micro.may_reply(Some(which), reply) => {}
+                    _ => continue,
+                }
                 let permit = match slots.clone().try_acquire_owned() {
                     Ok(p) => p,
                     Err(tokio::sync::TryAcquireError::NoPermits) => {
@@ -233,7 +300,9 @@ pub async fn serve(serving: Serving, shutdown: impl std::future::Future<Output =
                     _ => micro.stats(),
                 };
                 if let Some(reply) = m.reply {
-                    let _ = client.publish(reply, body.to_string().into()).await;
+                    if micro.may_reply(None, &reply) {
+                        let _ = client.publish(reply, body.to_string().into()).await;
+                    }
                 }
             }
             _ = &mut shutdown => break,
@@ -338,6 +407,37 @@ pub fn rfc3339(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_only_to_an_inbox() {
+        for ok in ["_INBOX.abc.1", "_INBOX_node-alpha.x.y", "_INBOX_mesh-provisioner.Zz9"] {
+            assert!(is_inbox(ok), "{ok}");
+        }
+        for refused in [
+            "$KV.mesh-provisioner_seat.holder",
+            "$KV.mesh-provisioner_registry.config",
+            "mesh-provisioner.notice.beta",
+            "mesh-provisioner.provisioning",
+            "$SRV.PING",
+            "$JS.API.STREAM.DELETE.KV_mesh-provisioner_needs",
+            "_INBOX_",
+            "_INBOXX.a",
+            "_INBOX.>",
+            "_INBOX.*.a",
+            "_INBOX..a",
+            "x._INBOX.a",
+            "",
+        ] {
+            assert!(!is_inbox(refused), "{refused}");
+        }
+        assert!(!is_inbox(&format!("_INBOX.{}", "a".repeat(crate::mirror::MAX_SUBJECT))));
+    }
+
+    #[test]
+    fn names_a_requester_by_its_reply_subject_without_the_last_token() {
+        assert_eq!(requester_of("$KV.mesh-provisioner_seat.holder"), "$KV.mesh-provisioner_seat");
+        assert_eq!(requester_of("single"), "single");
+    }
 
     #[test]
     fn writes_rfc3339_dates() {

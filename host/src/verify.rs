@@ -10,6 +10,10 @@
 //! Values are compared as the verb's wire format carries them (SPEC §3: JSON as is, a string
 //! marked `utf-8`, base64 marked `base64`, or only the size when `value_omitted`). Keys are
 //! compared as bytes: nothing here knows what a key means.
+//!
+//! Each bucket's stream is looked at too: one that is not a bucket is a difference (the server
+//! refuses to read it), and settings that let one writer remove or crowd out another's keys
+//! (roll-ups allowed, no byte or value-size limit) are reported as warnings.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,7 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::bucket::{bounded, stream_state};
+use crate::bucket::{bounded, shape, stream_info, stream_state, Shape};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The buckets the verb serves, by the `what` that lists each.
@@ -57,6 +61,8 @@ pub struct Report {
     pub on_bus: usize,
     pub answered: usize,
     pub differences: Vec<String>,
+    /// Settings of the bucket's stream that put its keys at risk.
+    pub warnings: Vec<String>,
 }
 
 /// Reads every key of `bucket` from the bus: a new ordered consumer over the last message of
@@ -201,12 +207,22 @@ fn compare(bus: &BTreeMap<String, OnBus>, server: &BTreeMap<String, Answered>, d
 pub async fn verify_bucket(client: &async_nats::Client, what: &str, bucket: &str, timeout: Duration) -> Result<Report> {
     let js = jetstream::new(client.clone());
     let mut differences = Vec::new();
+    let mut warnings = Vec::new();
+    if let Some(info) = stream_info(&js, bucket).await? {
+        match shape(bucket, &info.config) {
+            Shape::Refused(why) => {
+                differences.push(format!("the server does not read this bucket: {why}"));
+                return Ok(Report { bucket: bucket.to_string(), on_bus: info.state.messages as usize, answered: 0, differences, warnings });
+            }
+            Shape::Bucket { unsafe_settings } => warnings.extend(unsafe_settings.into_iter().map(|w| format!("bucket {bucket} {w}"))),
+        }
+    }
     // The server first: a write landing in between shows as the bus being ahead, which a
     // second attempt settles; the other order would show the server ahead.
     let server = read_server(client, what, timeout, &mut differences).await?;
     let bus = read_bus(&js, bucket, timeout * 12).await?;
     compare(&bus, &server, &mut differences);
-    Ok(Report { bucket: bucket.to_string(), on_bus: bus.len(), answered: server.len(), differences })
+    Ok(Report { bucket: bucket.to_string(), on_bus: bus.len(), answered: server.len(), differences, warnings })
 }
 
 /// Compares every served bucket, each up to `attempts` times (a second apart) while it differs,
@@ -234,7 +250,7 @@ pub async fn run(v: crate::cli::Verify) -> Result<()> {
     if v.json {
         let buckets: Vec<Value> = reports
             .iter()
-            .map(|r| json!({ "bucket": r.bucket, "on_bus": r.on_bus, "answered": r.answered, "differences": r.differences }))
+            .map(|r| json!({ "bucket": r.bucket, "on_bus": r.on_bus, "answered": r.answered, "differences": r.differences, "warnings": r.warnings }))
             .collect();
         println!("{}", json!({ "buckets": buckets, "differences": total }));
     } else {
@@ -243,6 +259,9 @@ pub async fn run(v: crate::cli::Verify) -> Result<()> {
             println!("{}: {} keys on the bus, {} answered: {verdict}", r.bucket, r.on_bus, r.answered);
             for d in &r.differences {
                 println!("  {d}");
+            }
+            for w in &r.warnings {
+                println!("  warning: {w} (`mesh-provisioner bootstrap` makes it safe)");
             }
         }
     }

@@ -340,7 +340,7 @@ async fn main() {
     let full = std::env::var_os("BENCH_QUICK").is_none();
     if full {
         measure_status("10k", &c, &sized, &pings, 1000).await;
-        bus.js("provider-postgres").await.create_key_value(async_nats::jetstream::kv::Config { bucket: "postgres_bound".into(), ..Default::default() }).await.expect("bound bucket");
+        bus.make_bucket("postgres_bound").await;
         holders(&bus, "small", 1000).await;
         holders(&bus, "db", 10_000).await;
         measure_holders("10k", &bus, &c, &sized, "small", 1000).await;
@@ -427,7 +427,7 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tem
         }
     };
     let start = Instant::now();
-    let host = Host::spawn(bus.url(), &bus.password("mesh-provisioner"), state, &tests::component_path(), &["--seat-ttl", "3s"]);
+    let host = Host::spawn(bus.url(), bus, state, &tests::component_path(), &["--seat-ttl", "3s"]);
     answered(c.clone()).await;
     let cold = start.elapsed();
     println!(
@@ -435,7 +435,7 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tem
         cold.as_secs_f64(), floor.as_secs_f64(), cold.as_secs_f64() / floor.as_secs_f64()
     );
     let mut standby =
-        Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
+        Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
     let warm = Instant::now();
     let ready = format!("{}/readyz", standby.http_url().await);
     // Ready: the registry and node buckets' mirrors in sync (a standby answers 200 too).

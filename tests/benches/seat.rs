@@ -10,7 +10,7 @@ use tests::nats::{ask_within, Bus, Host};
 const TTL: &str = "2s";
 
 fn spawn(bus: &Bus, name: &str) -> Host {
-    Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", TTL, "--instance", name])
+    Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", TTL, "--instance", name])
 }
 
 async fn until_answering(c: &async_nats::Client) -> Duration {

@@ -125,10 +125,9 @@ impl Mesh {
     fn spawn_host(&mut self) {
         let name = format!("chaos-{}", self.next_instance);
         self.next_instance += 1;
-        let password = self.cluster.password("mesh-provisioner");
         let host = Host::spawn(
             &self.cluster.urls(),
-            &password,
+            &self.cluster,
             tempfile::tempdir().expect("temp dir"),
             &crate::component_path(),
             &["--replicas", "3", "--seat-ttl", "3s", "--audit-every", "2s", "--instance", &name],
@@ -310,14 +309,10 @@ async fn ask(client: Client, stop: Arc<AtomicBool>, counts: Arc<[AtomicU64; 3]>)
     }
 }
 
-/// Makes a bucket of the example config's, as the user that owns it, with 3 replicas.
-async fn make_bucket(cluster: &Cluster, user: &str, bucket: &str) {
-    let js = jetstream::new(cluster.client(user).await);
-    let start = Instant::now();
-    while js.create_key_value(jetstream::kv::Config { bucket: bucket.into(), history: 1, num_replicas: 3, ..Default::default() }).await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(60), "{user} could not create {bucket}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+/// Makes a bucket of the example config's as the operator does, with 3 replicas (`_user`, the
+/// one that writes it, may not make streams).
+async fn make_bucket(cluster: &Cluster, _user: &str, bucket: &str) {
+    cluster.make_bucket(bucket).await
 }
 
 /// Runs `faults` faults drawn from `seed`, checking after each; panics with the seed on the

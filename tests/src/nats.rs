@@ -76,12 +76,14 @@ impl Bus {
         self.access().password(user).expect("user in the example config").to_string()
     }
 
-    /// A client logged in as `user` of the example config.
+    /// A client logged in as `user` of the example config, with its own inbox prefix
+    /// (`_INBOX_<user>`, the only one the config lets it subscribe under).
     pub async fn client(&self, user: &str) -> Client {
         // A loaded machine can miss a connect deadline; a few tries keep that from failing a test.
         let mut last = String::new();
         for _ in 0..5 {
             match ConnectOptions::with_user_and_password(user.into(), self.password(user))
+                .custom_inbox_prefix(inbox_of(user))
                 .connection_timeout(Duration::from_secs(10))
                 .connect(self.url())
                 .await
@@ -100,6 +102,7 @@ impl Bus {
         let denials = Denials::default();
         let seen = denials.0.clone();
         let client = ConnectOptions::with_user_and_password(user.into(), self.password(user))
+            .custom_inbox_prefix(inbox_of(user))
             .connection_timeout(Duration::from_secs(10))
             .event_callback(move |event| {
                 let seen = seen.clone();
@@ -122,22 +125,17 @@ impl Bus {
         js
     }
 
-    /// Creates each bucket a plan is read from, as the user that owns it ([`PLAN_BUCKETS`]).
+    /// Creates each bucket a plan is read from, as the operator does ([`PLAN_BUCKETS`]).
     pub async fn create_plan_buckets(&self) {
-        for (user, bucket) in PLAN_BUCKETS {
-            let js = self.js(user).await;
-            // A cluster that just started may still be electing its JetStream leader.
-            let start = Instant::now();
-            loop {
-                match js.create_key_value(jetstream::kv::Config { bucket: bucket.into(), history: 1, ..Default::default() }).await {
-                    Ok(_) => break,
-                    Err(_) if start.elapsed() < Duration::from_secs(30) => {
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                    Err(e) => panic!("{user} creates {bucket}: {e}"),
-                }
-            }
+        for (_, bucket) in PLAN_BUCKETS {
+            self.make_bucket(bucket).await;
         }
+    }
+
+    /// Makes `bucket` as the operator's `bootstrap` would (the mesh's safe settings and default
+    /// limits): no node, provider or domain user may make a stream.
+    pub async fn make_bucket(&self, bucket: &str) {
+        make_bucket(&self.js(OPERATOR).await, &spec(bucket, 1)).await
     }
 
     /// The instance the seat's lease names, if any.
@@ -151,6 +149,50 @@ impl Bus {
     pub async fn put(&self, user: &str, bucket: &str, key: &str, value: &[u8]) -> u64 {
         let kv = self.js(user).await.get_key_value(bucket).await.unwrap_or_else(|e| panic!("{user} opens {bucket}: {e}"));
         kv.put(key, value.to_vec().into()).await.unwrap_or_else(|e| panic!("{user} puts {bucket}/{key}: {e}"))
+    }
+}
+
+/// The user that makes streams in the example config.
+pub const OPERATOR: &str = "mesh-operator";
+
+/// The inbox prefix `user` may subscribe under in the example config.
+pub fn inbox_of(user: &str) -> String {
+    mesh_provisioner::connect::inbox_of(user)
+}
+
+/// A bucket as `bootstrap` makes it, with `replicas` replicas.
+pub fn spec(bucket: &str, replicas: usize) -> mesh_provisioner::bucket::Spec {
+    use mesh_provisioner::bucket::{Limits, Spec};
+    let limits = if bucket.starts_with("composed-") { Limits { max_value: Limits::COMPOSITION_MAX_VALUE, ..Limits::default() } } else { Limits::default() };
+    Spec::new(bucket, "made by a test, as bootstrap makes it", 1, replicas, limits)
+}
+
+/// Makes the bucket `spec` through `js` (the operator's), retrying while a cluster elects.
+pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucket::Spec) {
+    let start = Instant::now();
+    loop {
+        match js.create_stream(spec.stream_config()).await {
+            Ok(_) => return,
+            Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Err(e) => panic!("the operator makes {}: {e}", spec.bucket),
+        }
+    }
+}
+
+/// Whose passwords a host is started with.
+pub trait Passwords {
+    fn password(&self, user: &str) -> String;
+}
+
+impl Passwords for Bus {
+    fn password(&self, user: &str) -> String {
+        Bus::password(self, user)
+    }
+}
+
+impl Passwords for Cluster {
+    fn password(&self, user: &str) -> String {
+        Cluster::password(self, user)
     }
 }
 
@@ -275,6 +317,7 @@ impl Cluster {
         let password = self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.clone()).expect("user in the example config");
         let urls: Vec<String> = self.ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect();
         ConnectOptions::with_user_and_password(user.into(), password)
+            .custom_inbox_prefix(inbox_of(user))
             .connection_timeout(Duration::from_secs(10))
             .retry_on_initial_connect()
             .connect(urls.as_slice())
@@ -284,6 +327,13 @@ impl Cluster {
 
     pub fn password(&self, user: &str) -> String {
         self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.clone()).expect("user in the example config")
+    }
+
+    /// Makes `bucket` with three replicas, as the operator does.
+    pub async fn make_bucket(&self, bucket: &str) {
+        let mut js = jetstream::new(self.client(OPERATOR).await);
+        js.set_timeout(Duration::from_secs(5));
+        make_bucket(&js, &spec(bucket, 3)).await
     }
 }
 
@@ -372,14 +422,17 @@ impl Host {
 
     /// Starts the host serving the component at `component`, and waits until it serves.
     pub async fn start_with(bus: &Bus, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
-        let mut host = Self::spawn(bus.url(), &bus.password("mesh-provisioner"), state, component, extra);
+        let mut host = Self::spawn(bus.url(), bus, state, component, extra);
         host.wait_serving(bus).await;
         host
     }
 
-    /// Starts the host against `url` (comma-separated for a cluster) without waiting.
-    pub fn spawn(url: &str, password: &str, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
-        let mut args = vec!["--nats-url", url, "--user", "mesh-provisioner", "--password", password];
+    /// Starts the host against `url` (comma-separated for a cluster) without waiting, as the
+    /// example config's provisioner: its buckets' user and the user that serves the verbs.
+    pub fn spawn(url: &str, passwords: &dyn Passwords, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
+        let (password, service) = (passwords.password("mesh-provisioner"), passwords.password("mesh-provisioner-service"));
+        let mut args = vec!["--nats-url", url, "--user", "mesh-provisioner", "--password", &password];
+        args.extend_from_slice(&["--service-user", "mesh-provisioner-service", "--service-password", &service]);
         args.extend_from_slice(extra);
         Self::spawn_as(state, component, &args)
     }

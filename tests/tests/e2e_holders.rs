@@ -23,7 +23,7 @@ const TTL: &str = "2s";
 const HOLDERS: [(&str, &str); 4] = [("alpha", "app"), ("alpha", "worker"), ("beta", "app"), ("gamma", "app")];
 
 fn spawn(bus: &Bus, name: &str) -> Host {
-    Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", TTL, "--instance", name])
+    Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", TTL, "--instance", name])
 }
 
 /// The notices each node's own user hears, by node.
@@ -127,8 +127,7 @@ async fn each_holder_is_told_once_and_reads_stale_until_it_applies_the_new_value
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let provider = bus.js("provider-postgres").await;
-    provider.create_key_value(async_nats::jetstream::kv::Config { bucket: BOUND.into(), ..Default::default() }).await.unwrap();
+    bus.make_bucket(BOUND).await;
     for (node, module) in HOLDERS {
         bus.put(&format!("node-{node}"), NEEDS, &format!("{node}.{module}.bound.postgres=2Edb"), br#"{"placeholder":"${bound:postgres.db}"}"#).await;
     }

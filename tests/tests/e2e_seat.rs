@@ -21,7 +21,7 @@ fn spawn(bus: &Bus, name: &str, extra: &[&str]) -> Host {
 fn spawn_with(bus: &Bus, name: &str, component: &std::path::Path, ttl: &str, extra: &[&str]) -> Host {
     let mut args = vec!["--seat-ttl", ttl, "--instance", name];
     args.extend_from_slice(extra);
-    Host::spawn(bus.url(), &bus.password("mesh-provisioner"), tempfile::tempdir().unwrap(), component, &args)
+    Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), component, &args)
 }
 
 /// Waits (bounded) until `host`'s log shows `what`.
@@ -283,8 +283,7 @@ async fn the_service_returns_after_a_server_restart_with_the_registry_intact() {
 #[tokio::test]
 async fn a_three_server_cluster_keeps_answering_when_one_server_dies() {
     let mut cluster = Cluster::start(3).await;
-    let password = cluster.bus(0).password("mesh-provisioner");
-    let host = Host::spawn(&cluster.urls(), &password, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", TTL]);
+    let host = Host::spawn(&cluster.urls(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", TTL]);
     let c = cluster.bus(0).client("node-alpha").await;
     until_answering(&c, Duration::from_secs(60)).await;
     cluster.kill(2).await;

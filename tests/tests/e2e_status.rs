@@ -67,8 +67,7 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
     let bus = Bus::start().await;
     bus.create_plan_buckets().await;
     let host = Host::start(&bus, &[]).await;
-    let config = bus.js("mesh-config").await;
-    config.create_key_value(async_nats::jetstream::kv::Config { bucket: CONFIG.into(), ..Default::default() }).await.unwrap();
+    bus.make_bucket(CONFIG).await;
     bus.put("mesh-config", CONFIG, "alpha.app.db_url", b"postgres://db").await;
     for (key, value) in [
         ("alpha.app.config.db_url", r#"{"part":"api"}"#),
@@ -101,8 +100,7 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
     let vault = Vault::start(&bus).await;
     let s = until(&c, "alpha", "app", "the vault answering", |s| check(s, "secret", "db_password") == "answered").await;
     assert!(s["needs"].as_array().unwrap().iter().any(|n| n["responders"] == 1), "{s}");
-    let provider = bus.js("provider-postgres").await;
-    provider.create_key_value(async_nats::jetstream::kv::Config { bucket: "postgres_bound".into(), ..Default::default() }).await.unwrap();
+    bus.make_bucket("postgres_bound").await;
     let s = until(&c, "alpha", "app", "the bound value missing", |s| check(s, "bound", "postgres.db") == "missing").await;
     assert_eq!(s["state"], "degraded", "applied, and a grant does not hold: {s}");
     bus.put("provider-postgres", "postgres_bound", "alpha.app.db", br#"{"user":"app"}"#).await;
@@ -110,7 +108,7 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
     assert_eq!(check(&s, "bound", "postgres.db"), "present");
 
     // A value vanishes: degraded, naming it.
-    config.get_key_value(CONFIG).await.unwrap().delete("alpha.app.db_url").await.unwrap();
+    bus.js("mesh-config").await.get_key_value(CONFIG).await.unwrap().delete("alpha.app.db_url").await.unwrap();
     let s = until(&c, "alpha", "app", "degraded", |s| s["state"] == "degraded").await;
     assert!(s["reason"].as_str().unwrap().contains("config:db_url"), "{s}");
     bus.put("mesh-config", CONFIG, "alpha.app.db_url", b"postgres://db2").await;

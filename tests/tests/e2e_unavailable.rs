@@ -63,25 +63,19 @@ async fn a_bus_whose_jetstream_lost_its_quorum_is_answered_503() {
     let mut cluster = Cluster::start(3).await;
     let bus0 = cluster.bus(0);
     // Every plan input but node gamma's compositions, which its engine makes only at the end.
-    for (user, bucket) in tests::nats::PLAN_BUCKETS.iter().filter(|(_, b)| *b != "composed-gamma") {
-        let js = bus0.js(user).await;
-        let start = std::time::Instant::now();
-        while js.create_key_value(async_nats::jetstream::kv::Config { bucket: bucket.to_string(), history: 1, num_replicas: 3, ..Default::default() }).await.is_err() {
-            assert!(start.elapsed() < Duration::from_secs(30), "{user} could not create {bucket}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+    for (_, bucket) in tests::nats::PLAN_BUCKETS.iter().filter(|(_, b)| *b != "composed-gamma") {
+        cluster.make_bucket(bucket).await;
     }
     bus0.put("mesh-controller", "mesh-controller_assignments", "gamma.app", br#"{"want":"b9"}"#).await;
     // The host and the asker both talk to server 0, which stays up; the buckets are replicated
     // on all three, so killing two leaves JetStream without a quorum while core NATS works.
-    let mut host = Host::spawn(bus0.url(), &bus0.password("mesh-provisioner"), tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", "20s"]);
+    let mut host = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", "20s"]);
     let client = bus0.client("node-alpha").await;
     host.wait_answering(&client).await;
-    // Gamma's engine makes its bucket, and at once two servers die: the host has not mirrored
+    // The operator makes gamma's bucket, and at once two servers die: the host has not mirrored
     // it yet (it lists buckets every 5 s), and following it needs the JetStream API, unavailable
     // now: the plan of gamma/app, read at its want, is a 503.
-    let js = cluster.bus(0).js("node-gamma").await;
-    js.create_key_value(async_nats::jetstream::kv::Config { bucket: "composed-gamma".into(), history: 1, num_replicas: 3, ..Default::default() }).await.expect("gamma's bucket");
+    cluster.make_bucket("composed-gamma").await;
     cluster.kill(1).await;
     cluster.kill(2).await;
     let v = until_503(&client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await;

@@ -97,6 +97,14 @@ impl store::Host for Ctx {
     async fn exists(&mut self, bucket: String) -> R<bool> {
         Ok(mirror(self, &bucket).await.map(|m| m.exists()))
     }
+
+    async fn health(&mut self, bucket: String) -> R<store::BucketHealth> {
+        let quota = self.backend.quota();
+        Ok(mirror(self, &bucket).await.map(|m| store::BucketHealth {
+            unsafe_settings: m.health().unsafe_settings,
+            over_quota: m.writers_over(quota).into_iter().map(|w| store::WriterShare { writer: w.writer, keys: w.keys, bytes: w.bytes }).collect(),
+        }))
+    }
 }
 
 impl discovery::Host for Ctx {

@@ -1,0 +1,211 @@
+//! `bootstrap`: the operator makes every bucket of the mesh before anything is installed, with
+//! the settings that keep each user inside its grant (`bucket::Spec`: subjects exactly
+//! `$KV.<bucket>.>`, roll-ups and API deletes refused, a byte and a value-size limit). Node
+//! users, providers and the domains are granted no `STREAM.CREATE`, so no stream is made by
+//! anyone else.
+//!
+//! Which buckets: the provisioner's own (registry, seat, the node clients' three) and every
+//! bucket the component names as a plan or notice input — the component owns those names; a
+//! `*` in one is filled with each node for the per-node buckets the plans read (compositions),
+//! with each provider for the others (`<provider>_bound`). A bucket that exists is made safe in
+//! place (an update of its stream); a stream of a bucket's name that is not a bucket is refused
+//! and left alone (the operator deletes it).
+
+use std::sync::Arc;
+
+use async_nats::jetstream;
+
+use crate::backend::MemoryBackend;
+use crate::bucket::{shape, stream_info, Limits, Shape, Spec};
+use crate::cli::BucketFlags;
+use crate::error::{Error, ErrorKind, Result};
+use crate::runtime::Guest;
+
+/// Every bucket to make, with its settings.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub buckets: Vec<Spec>,
+}
+
+impl Plan {
+    /// The buckets of a mesh of `nodes` and `providers`, as `guest` names them.
+    pub async fn of(guest: &Guest, nodes: &[impl AsRef<str>], providers: &[impl AsRef<str>], flags: BucketFlags, limits: crate::runtime::Limits) -> Result<Plan> {
+        for name in nodes.iter().map(AsRef::as_ref).chain(providers.iter().map(AsRef::as_ref)) {
+            if !plain_token(name) {
+                return Err(Error::new(ErrorKind::Config, format!("{name:?} is not a node or provider name (letters, digits, - and _)")));
+            }
+        }
+        let backend: Arc<dyn crate::backend::Backend> = MemoryBackend::new();
+        let plan_inputs = guest.plan_inputs(backend.clone(), limits).await?;
+        let notice_inputs = guest.notice_inputs(backend, limits).await?;
+        let options = crate::nats::Options { replicas: flags.replicas as usize, limits: flags.limits(), ..Default::default() };
+        let mut buckets = crate::nats::owned_buckets(&options);
+        buckets.push(crate::seat::seat_bucket(crate::seat::DEFAULT_TTL, options.replicas));
+        let per_node = Limits { max_value: Limits::COMPOSITION_MAX_VALUE.max(options.limits.max_value), ..options.limits };
+        let mut add = |name: String, limits: Limits| {
+            if !buckets.iter().any(|b| b.bucket == name) {
+                buckets.push(Spec::new(&name, "made by mesh-provisioner bootstrap", 1, options.replicas, limits));
+            }
+        };
+        for pattern in &plan_inputs {
+            match pattern.split_once('*') {
+                Some((head, tail)) => nodes.iter().for_each(|n| add(format!("{head}{}{tail}", n.as_ref()), per_node)),
+                None => add(pattern.clone(), options.limits),
+            }
+        }
+        for pattern in &notice_inputs {
+            match pattern.split_once('*') {
+                Some((head, tail)) => providers.iter().for_each(|p| add(format!("{head}{}{tail}", p.as_ref()), options.limits)),
+                None => add(pattern.clone(), options.limits),
+            }
+        }
+        Ok(Plan { buckets })
+    }
+}
+
+fn plain_token(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// What became of one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Made,
+    /// It existed with the safe settings.
+    Safe,
+    /// It existed and was made safe: what changed.
+    Fixed(Vec<String>),
+    /// Its stream is not a bucket: left alone, for the operator to delete.
+    Refused(String),
+    /// The bus said no.
+    Failed(String),
+}
+
+/// Each bucket and what became of it.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub buckets: Vec<(String, Outcome)>,
+}
+
+impl Report {
+    /// A line per bucket, to the log.
+    pub fn log(&self) {
+        for (bucket, outcome) in &self.buckets {
+            match outcome {
+                Outcome::Made => tracing::info!(bucket, "bootstrap: made"),
+                Outcome::Safe => tracing::debug!(bucket, "bootstrap: already safe"),
+                Outcome::Fixed(what) => tracing::warn!(bucket, changed = ?what, "bootstrap: made safe"),
+                Outcome::Refused(why) => tracing::error!(bucket, "bootstrap: refused: {why}"),
+                Outcome::Failed(why) => tracing::error!(bucket, "bootstrap: failed: {why}"),
+            }
+        }
+    }
+
+    /// An error naming every bucket refused or failed, if any.
+    pub fn result(&self) -> Result<()> {
+        let bad: Vec<String> = self
+            .buckets
+            .iter()
+            .filter_map(|(b, o)| match o {
+                Outcome::Refused(why) | Outcome::Failed(why) => Some(format!("{b}: {why}")),
+                _ => None,
+            })
+            .collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::Config, format!("bootstrap could not make every bucket: {}", bad.join("; "))))
+        }
+    }
+}
+
+/// Makes or makes safe every bucket of `plan`.
+pub async fn apply(js: &jetstream::Context, plan: &Plan) -> Report {
+    let mut report = Report::default();
+    for spec in &plan.buckets {
+        let outcome = match one(js, spec).await {
+            Ok(o) => o,
+            Err(e) => Outcome::Failed(e.message().to_string()),
+        };
+        report.buckets.push((spec.bucket.clone(), outcome));
+    }
+    report
+}
+
+async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
+    let Some(info) = stream_info(js, &spec.bucket).await? else {
+        crate::bucket::bounded(|| format!("creating bucket {}", spec.bucket), async {
+            js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", spec.bucket)))
+        })
+        .await?;
+        return Ok(Outcome::Made);
+    };
+    if let Shape::Refused(why) = shape(&spec.bucket, &info.config) {
+        return Ok(Outcome::Refused(why));
+    }
+    // Made safe in place: roll-ups and API deletes refused, the limits set where there were
+    // none (a limit the operator chose is kept).
+    let mut config = info.config.clone();
+    let mut changed = Vec::new();
+    if config.allow_rollup {
+        config.allow_rollup = false;
+        changed.push("roll-ups refused".to_string());
+    }
+    if !config.deny_delete {
+        config.deny_delete = true;
+        changed.push("API deletes refused".to_string());
+    }
+    if config.max_bytes <= 0 {
+        config.max_bytes = spec.limits.max_bytes;
+        changed.push(format!("byte limit {}", spec.limits.max_bytes));
+    }
+    if config.max_message_size <= 0 {
+        config.max_message_size = spec.limits.max_value;
+        changed.push(format!("value-size limit {}", spec.limits.max_value));
+    }
+    if changed.is_empty() {
+        return Ok(Outcome::Safe);
+    }
+    crate::bucket::bounded(|| format!("updating bucket {}", spec.bucket), async {
+        js.update_stream(&config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {}: {e}", spec.bucket)))
+    })
+    .await?;
+    Ok(Outcome::Fixed(changed))
+}
+
+/// `mesh-provisioner bootstrap`: prints a line per bucket; an error when any was refused.
+pub async fn run(args: crate::cli::Bootstrap) -> Result<()> {
+    let runtime = crate::runtime::Runtime::new()?;
+    let loaded = crate::reload::load(&runtime, &args.component, None, None, crate::runtime::Limits::default()).await?;
+    let plan = Plan::of(&loaded.guest, &args.nodes, &args.providers, args.buckets, crate::runtime::Limits::default()).await?;
+    let client = match &args.connect.nats_url {
+        Some(_) => crate::connect::connect_cli(&args.connect, "mesh-provisioner bootstrap").await?,
+        None => crate::connect::connect_embedded(&args.connect, crate::connect::OPERATOR_USER, "mesh-provisioner bootstrap").await?,
+    };
+    let report = apply(&jetstream::new(client.clone()), &plan).await;
+    let _ = client.drain().await;
+    for (bucket, outcome) in &report.buckets {
+        match outcome {
+            Outcome::Made => println!("{bucket:<32} made"),
+            Outcome::Safe => println!("{bucket:<32} safe"),
+            Outcome::Fixed(what) => println!("{bucket:<32} made safe: {}", what.join(", ")),
+            Outcome::Refused(why) => println!("{bucket:<32} REFUSED: {why}"),
+            Outcome::Failed(why) => println!("{bucket:<32} FAILED: {why}"),
+        }
+    }
+    report.result()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_a_node_name_that_is_not_a_token() {
+        assert!(plain_token("alpha") && plain_token("node-7_b"));
+        for bad in ["", "*", ">", "a.b", "-x", "a b"] {
+            assert!(!plain_token(bad), "{bad:?}");
+        }
+    }
+}
