@@ -358,3 +358,54 @@ async fn mirrors_past_the_memory_budget_are_refused_and_said_not_grown() {
     assert!(v["entries"].as_array().is_some_and(|e| !e.is_empty()), "{v}");
     host.stop().await;
 }
+
+/// Runs `mesh-provisioner bootstrap` as the operator against `bus`: its exit code, and what it
+/// printed (a line per bucket), then its error if any.
+async fn bootstrap(bus: &Bus, extra: &[&str]) -> (Option<i32>, String) {
+    let password = bus.password(OPERATOR);
+    let component = tests::component_path();
+    let out = tokio::process::Command::new(tests::nats::host_binary())
+        .args(["bootstrap", "--nats-url", bus.url(), "--user", OPERATOR, "--password", &password, "--component"])
+        .arg(&component)
+        .args(extra)
+        .output()
+        .await
+        .expect("run bootstrap");
+    let error = String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("mesh-provisioner:")).collect::<Vec<_>>().join("\n");
+    (out.status.code(), format!("{}{error}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[tokio::test]
+async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
+    let bus = Bus::start().await;
+    let js = bus.js(OPERATOR).await;
+    // Made before: the config domain's bucket with roll-ups allowed and no value-size limit.
+    js.create_key_value(jetstream::kv::Config { bucket: CONFIG.into(), max_bytes: 1 << 20, ..Default::default() }).await.expect("an old bucket");
+    let (code, out) = bootstrap(&bus, &["--node", "alpha", "--node", "beta", "--provider", "postgres"]).await;
+    assert_eq!(code, Some(0), "{out}");
+    for bucket in [REGISTRY, SEAT, NEEDS, APPLIED, "mesh-provisioner_collect", "mesh-controller_assignments", "mesh-indexer_builds", "composed-alpha", "composed-beta", BOUND] {
+        assert!(out.lines().any(|l| l.starts_with(bucket) && l.trim_end().ends_with("made")), "{bucket} not made:\n{out}");
+        let info = js.get_stream(format!("KV_{bucket}")).await.expect("made").cached_info().config.clone();
+        assert!(!info.allow_rollup && info.deny_delete && info.max_bytes > 0 && info.max_message_size > 0, "{bucket}: {info:?}");
+    }
+    assert!(out.lines().any(|l| l.starts_with(CONFIG) && l.contains("made safe: roll-ups refused, value-size limit 65536")), "{out}");
+    let config = js.get_stream(format!("KV_{CONFIG}")).await.expect("kept").cached_info().config.clone();
+    assert!(!config.allow_rollup && config.max_bytes == 1 << 20, "made safe, its own byte limit kept: {config:?}");
+    assert!(js.get_stream("KV_composed-gamma").await.is_err(), "only the nodes named");
+    // Again: nothing to do.
+    let (code, again) = bootstrap(&bus, &["--node", "alpha", "--node", "beta", "--provider", "postgres"]).await;
+    assert_eq!(code, Some(0), "{again}");
+    assert!(again.lines().filter(|l| !l.trim().is_empty()).all(|l| l.trim_end().ends_with("safe")), "{again}");
+    // A stream of a bucket's name that is not a bucket is refused and left alone.
+    js.create_stream(stream::Config { name: "KV_composed-gamma".into(), subjects: vec!["$KV.composed-gamma.>".into(), "gamma.extra".into()], max_bytes: 1 << 20, ..Default::default() })
+        .await
+        .expect("made");
+    let (code, out) = bootstrap(&bus, &["--node", "gamma"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("composed-gamma") && out.contains("REFUSED") && out.contains("not a bucket"), "{out}");
+    assert_eq!(js.get_stream("KV_composed-gamma").await.expect("left alone").cached_info().config.subjects.len(), 2);
+    // A name that is no node.
+    let (code, out) = bootstrap(&bus, &["--node", "*"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("is not a node or provider name"), "{out}");
+}

@@ -97,7 +97,9 @@ fn v_revision(v: &Value) -> u64 {
 #[tokio::test]
 async fn pages_large_values_to_stay_under_max_payload() {
     let bus = Bus::start().await;
-    let host = Host::start(&bus, &[]).await;
+    // The host makes the needs bucket, here with a value-size limit raised to 1 MiB (the
+    // default, 64 KiB, would refuse these values at the bus).
+    let host = Host::start(&bus, &["--value-max-kib", "1024"]).await;
     let big = format!("\"{}\"", "v".repeat(400_000));
     for i in 0..4 {
         bus.put("node-alpha", NEEDS, &format!("alpha.app.config.big{i}"), big.as_bytes()).await;
