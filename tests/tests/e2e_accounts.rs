@@ -78,9 +78,12 @@ async fn metric(http: &str, series: &str) -> Option<f64> {
     body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
 }
 
+/// The subject and payload of each message heard.
+type Heard = tokio::task::JoinHandle<Vec<(String, Vec<u8>)>>;
+
 /// Every message `client` receives on `subjects` from now on, until the returned sender stops
 /// it; the messages come back when it is awaited.
-fn listen(client: Client, subjects: Vec<String>) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Vec<(String, Vec<u8>)>>) {
+fn listen(client: Client, subjects: Vec<String>) -> (tokio::sync::oneshot::Sender<()>, Heard) {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let mut subs = Vec::new();
