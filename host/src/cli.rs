@@ -93,7 +93,7 @@ pub struct Sign {
 }
 
 /// How to reach the bus.
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Clone, Default)]
 pub struct Connect {
     /// NATS server URL; without it, `serve` starts an embedded nats-server and `query` asks it.
     #[arg(long, env = "MESH_PROVISIONER_NATS_URL")]
@@ -104,12 +104,23 @@ pub struct Connect {
     /// A file holding an nkey seed.
     #[arg(long, env = "MESH_PROVISIONER_NKEY")]
     pub nkey: Option<PathBuf>,
-    #[arg(long, env = "MESH_PROVISIONER_USER", requires = "password")]
+    /// The user to log in as, with --password-file (or --password).
+    #[arg(long, env = "MESH_PROVISIONER_USER")]
     pub user: Option<String>,
-    #[arg(long, env = "MESH_PROVISIONER_PASSWORD", requires = "user", hide_env_values = true)]
+    /// The password on the command line shows in `ps`: prefer --password-file or the
+    /// environment.
+    #[arg(long, env = "MESH_PROVISIONER_PASSWORD", hide_env_values = true, conflicts_with = "password_file")]
     pub password: Option<String>,
-    #[arg(long, env = "MESH_PROVISIONER_TOKEN", hide_env_values = true)]
+    /// A file holding the password (a trailing newline is not part of it), e.g. systemd's
+    /// `$CREDENTIALS_DIRECTORY/nats-password`.
+    #[arg(long, env = "MESH_PROVISIONER_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
+    /// The token on the command line shows in `ps`: prefer --token-file or the environment.
+    #[arg(long, env = "MESH_PROVISIONER_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
     pub token: Option<String>,
+    /// A file holding the token.
+    #[arg(long, env = "MESH_PROVISIONER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// The prefix of this client's reply subjects (its inbox). The example config lets each
     /// user subscribe only under its own, `_INBOX_<user>`, so that no user hears another's
     /// replies. Default: `_INBOX_<--user>`, else `_INBOX_mesh-provisioner`.
@@ -131,6 +142,48 @@ pub struct Connect {
     pub state_dir: PathBuf,
 }
 
+/// Shown as set or not, never the secret.
+fn secret<T>(v: &Option<T>) -> &'static str {
+    if v.is_some() {
+        "Some(<redacted>)"
+    } else {
+        "None"
+    }
+}
+
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connect")
+            .field("nats_url", &self.nats_url.as_deref().map(crate::secrets::redact_url))
+            .field("creds", &self.creds)
+            .field("nkey", &self.nkey)
+            .field("user", &self.user)
+            .field("password", &secret(&self.password))
+            .field("password_file", &self.password_file)
+            .field("token", &secret(&self.token))
+            .field("token_file", &self.token_file)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("tls_required", &self.tls_required)
+            .field("state_dir", &self.state_dir)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ServiceLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceLogin")
+            .field("service_user", &self.service_user)
+            .field("service_password", &secret(&self.service_password))
+            .field("service_password_file", &self.service_password_file)
+            .field("service_creds", &self.service_creds)
+            .field("service_nkey", &self.service_nkey)
+            .finish()
+    }
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Human,
@@ -138,15 +191,18 @@ pub enum LogFormat {
 }
 
 /// The user that serves the verbs, when it is not the buckets' user.
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Clone, Default)]
 pub struct ServiceLogin {
     /// The user that serves the verbs (the example config's `mesh-provisioner-service`, which
     /// may publish nothing but replies). Without a --service-* login the verbs are served as
     /// the buckets' user.
-    #[arg(long, env = "MESH_PROVISIONER_SERVICE_USER", requires = "service_password")]
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_USER")]
     pub service_user: Option<String>,
-    #[arg(long, env = "MESH_PROVISIONER_SERVICE_PASSWORD", requires = "service_user", hide_env_values = true)]
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_PASSWORD", hide_env_values = true, conflicts_with = "service_password_file")]
     pub service_password: Option<String>,
+    /// A file holding the serving user's password.
+    #[arg(long, env = "MESH_PROVISIONER_SERVICE_PASSWORD_FILE")]
+    pub service_password_file: Option<PathBuf>,
     /// A credentials file for the user that serves the verbs.
     #[arg(long, env = "MESH_PROVISIONER_SERVICE_CREDS")]
     pub service_creds: Option<PathBuf>,
@@ -354,6 +410,23 @@ mod tests {
         assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
         assert!(parse_duration("1 fortnight").unwrap_err().contains("not a duration like"));
         assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let c = Connect {
+            nats_url: Some("nats://u:url-secret@127.0.0.1:4222".into()),
+            user: Some("u".into()),
+            password: Some("hunter2".into()),
+            token: Some("tok-secret".into()),
+            ..Default::default()
+        };
+        let s = ServiceLogin { service_user: Some("svc".into()), service_password: Some("svc-secret".into()), ..Default::default() };
+        let shown = format!("{c:?} {s:?}");
+        for secret in ["url-secret", "hunter2", "tok-secret", "svc-secret"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("\"u\"") && shown.contains("svc"), "{shown}");
     }
 
     #[test]

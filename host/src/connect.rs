@@ -22,13 +22,13 @@ pub const SERVICE_USER: &str = "mesh-provisioner-service";
 /// The operator, who makes the streams (`bootstrap`), in the example config.
 pub const OPERATOR_USER: &str = "mesh-operator";
 
-/// One way to log in.
-#[derive(Clone, Copy)]
+/// One way to log in; passwords and tokens read from their files here.
+#[derive(Clone)]
 pub enum Login<'a> {
     Creds(&'a Path),
     Nkey(&'a Path),
-    User(&'a str, &'a str),
-    Token(&'a str),
+    User(&'a str, String),
+    Token(String),
     Anonymous,
 }
 
@@ -45,27 +45,47 @@ impl std::fmt::Debug for Login<'_> {
     }
 }
 
+/// A secret given inline or in a file (`what` names the flag); a file's trailing newline is
+/// not part of it.
+fn secret_of(inline: &Option<String>, file: &Option<std::path::PathBuf>, what: &str) -> Result<Option<String>> {
+    match (inline, file) {
+        (Some(s), _) => Ok(Some(s.clone())),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::new(ErrorKind::Config, format!("--{what}-file {}: {e}", path.display())))?;
+            Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 impl<'a> Login<'a> {
     /// The login the connect flags give.
     pub fn of(c: &'a Connect) -> Result<Login<'a>> {
-        match (&c.creds, &c.nkey, &c.user, &c.token) {
-            (Some(path), None, None, None) => Ok(Login::Creds(path)),
-            (None, Some(path), None, None) => Ok(Login::Nkey(path)),
-            (None, None, Some(user), None) => Ok(Login::User(user, c.password.as_deref().unwrap_or_default())),
-            (None, None, None, Some(token)) => Ok(Login::Token(token)),
-            (None, None, None, None) => Ok(Login::Anonymous),
-            _ => Err(Error::new(ErrorKind::Config, "give at most one of --creds, --nkey, --user/--password, --token")),
+        let password = secret_of(&c.password, &c.password_file, "password")?;
+        let token = secret_of(&c.token, &c.token_file, "token")?;
+        match (&c.creds, &c.nkey, &c.user, password, token) {
+            (Some(path), None, None, None, None) => Ok(Login::Creds(path)),
+            (None, Some(path), None, None, None) => Ok(Login::Nkey(path)),
+            (None, None, Some(user), Some(password), None) => Ok(Login::User(user, password)),
+            (None, None, Some(_), None, None) => Err(Error::new(ErrorKind::Config, "--user needs --password-file (or --password, or MESH_PROVISIONER_PASSWORD)")),
+            (None, None, None, Some(_), None) => Err(Error::new(ErrorKind::Config, "a password needs --user")),
+            (None, None, None, None, Some(token)) => Ok(Login::Token(token)),
+            (None, None, None, None, None) => Ok(Login::Anonymous),
+            _ => Err(Error::new(ErrorKind::Config, "give at most one of --creds, --nkey, --user with a password, --token")),
         }
     }
 
     /// The login the `--service-*` flags give, if any.
     pub fn of_service(s: &'a ServiceLogin) -> Result<Option<Login<'a>>> {
-        match (&s.service_creds, &s.service_nkey, &s.service_user) {
-            (Some(path), None, None) => Ok(Some(Login::Creds(path))),
-            (None, Some(path), None) => Ok(Some(Login::Nkey(path))),
-            (None, None, Some(user)) => Ok(Some(Login::User(user, s.service_password.as_deref().unwrap_or_default()))),
-            (None, None, None) => Ok(None),
-            _ => Err(Error::new(ErrorKind::Config, "give at most one of --service-creds, --service-nkey, --service-user/--service-password")),
+        let password = secret_of(&s.service_password, &s.service_password_file, "service-password")?;
+        match (&s.service_creds, &s.service_nkey, &s.service_user, password) {
+            (Some(path), None, None, None) => Ok(Some(Login::Creds(path))),
+            (None, Some(path), None, None) => Ok(Some(Login::Nkey(path))),
+            (None, None, Some(user), Some(password)) => Ok(Some(Login::User(user, password))),
+            (None, None, Some(_), None) => Err(Error::new(ErrorKind::Config, "--service-user needs --service-password-file (or --service-password)")),
+            (None, None, None, Some(_)) => Err(Error::new(ErrorKind::Config, "a service password needs --service-user")),
+            (None, None, None, None) => Ok(None),
+            _ => Err(Error::new(ErrorKind::Config, "give at most one of --service-creds, --service-nkey, --service-user with a password")),
         }
     }
 
@@ -78,6 +98,8 @@ impl<'a> Login<'a> {
         }
     }
 }
+
+pub use crate::secrets::redact_url;
 
 /// The inbox prefix of `user` in the example config.
 pub fn inbox_of(user: &str) -> String {
@@ -94,8 +116,8 @@ pub async fn options_for(c: &Connect, login: Login<'_>, inbox: &str, name: &str)
             let seed = std::fs::read_to_string(path).map_err(|e| config(&format!("nkey file {}", path.display()), &e))?;
             ConnectOptions::with_nkey(seed.trim().to_string())
         }
-        Login::User(user, password) => ConnectOptions::with_user_and_password(user.into(), password.into()),
-        Login::Token(token) => ConnectOptions::with_token(token.into()),
+        Login::User(user, password) => ConnectOptions::with_user_and_password(user.into(), password),
+        Login::Token(token) => ConnectOptions::with_token(token),
         Login::Anonymous => ConnectOptions::new(),
     };
     if let Some(ca) = &c.tls_ca {
@@ -133,7 +155,7 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<Client> {
     options
         .connect(urls.as_slice())
         .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("connecting to {url}: {e}")))
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("connecting to {}: {e}", redact_url(url))))
 }
 
 /// Connects as the flags say, or to the embedded server as the provisioner's user.
@@ -167,8 +189,19 @@ mod tests {
     }
 
     #[test]
+    fn a_password_file_is_read_without_its_newline_and_a_user_needs_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").expect("write");
+        let c = Connect { user: Some("u".into()), password_file: Some(file), ..Default::default() };
+        assert!(matches!(Login::of(&c), Ok(Login::User("u", ref p)) if p == "s3cret"));
+        let bare = Connect { user: Some("u".into()), ..Default::default() };
+        assert!(Login::of(&bare).unwrap_err().message().contains("--password-file"));
+    }
+
+    #[test]
     fn a_login_never_shows_its_secret() {
-        let shown = format!("{:?} {:?}", Login::User("u", "hunter2"), Login::Token("tok-secret"));
+        let shown = format!("{:?} {:?}", Login::User("u", "hunter2".into()), Login::Token("tok-secret".into()));
         assert!(!shown.contains("hunter2") && !shown.contains("tok-secret"), "{shown}");
     }
 }

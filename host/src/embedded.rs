@@ -181,15 +181,18 @@ fn die_with_this_process(command: &mut Command) {
     #[cfg(target_os = "linux")]
     {
         let parent = std::process::id();
-        // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid) run.
+        // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid) run, and
+        // nothing allocates (`last_os_error` and `from_raw_os_error` hold a code, not a box).
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // The parent may have died before the prctl: then nothing would signal us.
+                // The parent may have died before the prctl: then nothing would signal us. The
+                // error is a raw OS code: nothing may allocate between fork and exec in a
+                // threaded process (another thread may have held the allocator's lock).
                 if libc::getppid() as u32 != parent {
-                    return Err(std::io::Error::other("the process that started nats-server is gone"));
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });

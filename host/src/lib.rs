@@ -31,6 +31,7 @@ pub mod reconciler;
 pub mod reload;
 pub mod runtime;
 pub mod seat;
+pub mod secrets;
 pub mod serve;
 pub mod service;
 pub mod trust;

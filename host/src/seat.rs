@@ -141,6 +141,7 @@ impl Seat {
                     self.hold(rev, sent);
                     true
                 }
+                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, sent, &e.to_string()).await,
                 Ok(Err(e)) => {
                     self.drop_lease(&format!("renewal refused: {e}"));
                     false
@@ -151,6 +152,37 @@ impl Seat {
                 }
             },
             None => self.take(sent).await,
+        }
+    }
+
+    /// A renewal found another revision than this holder's: another instance took the seat —
+    /// or something that is not a holder wrote on its key. Within one account any responder
+    /// publishes its reply wherever a request names (the JetStream API answers `$JS.API.INFO`
+    /// on `$KV.mesh-provisioner_seat.holder` if a node asks so), and such a value is no lease:
+    /// the holder writes over it at once, by compare-and-set on its revision, and holds on.
+    async fn write_over(&self, held: u64, sent: Instant, why: &str) -> bool {
+        let entry = match tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await {
+            Ok(Ok(Some(entry))) => entry,
+            _ => {
+                self.drop_lease(&format!("renewal refused: {why}"));
+                return false;
+            }
+        };
+        if entry.operation != kv::Operation::Put || is_lease(&entry.value) || entry.revision <= held {
+            self.drop_lease(&format!("renewal refused: {why}"));
+            return false;
+        }
+        match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+            Ok(Ok(rev)) => {
+                let shown: String = String::from_utf8_lossy(&entry.value).chars().take(120).collect();
+                tracing::warn!(instance = self.instance, revision = entry.revision, "a value that is no lease was written on the seat's key (a reply aimed there?): written over: {shown}");
+                self.hold(rev, sent);
+                true
+            }
+            _ => {
+                self.drop_lease(&format!("renewal refused: {why}; writing over a value that is no lease failed"));
+                false
+            }
         }
     }
 
@@ -182,13 +214,17 @@ impl Seat {
         if entry.operation != kv::Operation::Put {
             return false;
         }
-        let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok();
+        let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok().filter(|_| is_lease(&entry.value));
         let ours = lease.as_ref().is_some_and(|v| v["instance"] == self.instance.as_str());
         let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
             let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
             match *seen {
                 Some((rev, since)) if rev == entry.revision => since.elapsed() >= ttl,
+                // A value that is no lease (see `write_over`) does not restart the wait: the
+                // holder is judged by its last real lease, so such writes can neither hold
+                // off a takeover from a dead holder nor hurry one from a live one.
+                Some((_, since)) if lease.is_none() => since.elapsed() >= ttl,
                 _ => {
                     *seen = Some((entry.revision, Instant::now()));
                     false
@@ -247,6 +283,11 @@ impl Seat {
     }
 }
 
+/// Whether `value` is a lease as a holder writes it: JSON naming an instance and its TTL.
+fn is_lease(value: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
+}
+
 /// The seat bucket: one value kept, expired after the TTL.
 pub fn seat_bucket(ttl: Duration, replicas: usize) -> crate::bucket::Spec {
     // One lease of a few hundred bytes: a small limit, so nothing else fits in it.
@@ -254,3 +295,15 @@ pub fn seat_bucket(ttl: Duration, replicas: usize) -> crate::bucket::Spec {
     crate::bucket::Spec { max_age: ttl, ..crate::bucket::Spec::new(SEAT_BUCKET, "mesh-provisioner: who holds the seat", 1, replicas, limits) }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_what_a_holder_writes_and_nothing_else() {
+        assert!(is_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#));
+        for not in [&br#"{"type":"io.nats.jetstream.api.v1.account_info_response","memory":0}"#[..], b"", b"garbage", br#"{"instance":"h-1"}"#, br#"{"instance":7,"ttl_ms":1}"#] {
+            assert!(!is_lease(not), "{}", String::from_utf8_lossy(not));
+        }
+    }
+}

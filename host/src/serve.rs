@@ -112,7 +112,10 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         }
         let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?;
         let service_options = match Login::of_service(&args.service)? {
-            Some(login) => connect::options_for(&args.connect, login, &login.inbox(SERVICE_USER), "mesh-provisioner-service").await?,
+            Some(login) => {
+                let inbox = login.inbox(SERVICE_USER);
+                connect::options_for(&args.connect, login, &inbox, "mesh-provisioner-service").await?
+            }
             None => {
                 tracing::warn!("the verbs are served as the buckets' user: give --service-user (or --service-creds, --service-nkey) for a user that may publish nothing but replies");
                 connect::options(&args.connect, "mesh-provisioner-service").await?

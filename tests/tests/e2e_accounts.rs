@@ -184,6 +184,22 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     assert_eq!(metric(&http, "mesh_provisioner_refused_replies_total{endpoint=\"provisioning\"}").await, Some(12.0));
     // The verb carries on, for alpha on its own inbox.
     assert!(ask_ok(&alpha, json!({"what":"needs","node":"alpha"})).await["entries"].as_array().is_some_and(|e| e.len() == 2));
+    // The JetStream API answers wherever a request names, too, and no config of one account
+    // stops it: a node lands the API's answer on the seat's key, again and again for longer
+    // than the lease. That is no lease: the holder writes over it and never stops serving.
+    for _ in 0..15 {
+        alpha.publish_with_reply("$JS.API.INFO", "$KV.mesh-provisioner_seat.holder", "".into()).await.expect("sent");
+        let (code, v) = ask_raw(&alpha, b"{}").await.expect("the verb answers");
+        assert_eq!(code, None, "the holder stopped serving: {v}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The last answer landed is written over at the holder's next renewal (a third of the TTL).
+    let start = Instant::now();
+    while bus.seat_holder().await.as_deref() != Some(holder.as_str()) {
+        assert!(start.elapsed() < Duration::from_secs(3), "the holder did not write over the API's answer within a TTL");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(host.log_text().contains("no lease was written on the seat's key"), "{}", host.log_text());
 
     // 2. Listening on every subject its grant allows, a node hears no one else's values or
     // answers, while the provider, mesh-config and another node work.
