@@ -282,6 +282,20 @@ pub struct Serve {
     /// Off unless given.
     #[arg(long, env = "MESH_PROVISIONER_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
+    /// A `Host` the HTTP side answers (repeat for each; a name, or a name:port). Others get
+    /// `421`, so a web page cannot read the status through DNS rebinding. Default: the bound
+    /// address, `localhost`, `127.0.0.1` and `[::1]`.
+    #[arg(long = "http-allow-host", env = "MESH_PROVISIONER_HTTP_ALLOW_HOST", value_delimiter = ',')]
+    pub http_allow_hosts: Vec<String>,
+    /// How long a client may take to send a request's headers before its connection is closed.
+    #[arg(long, env = "MESH_PROVISIONER_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub http_header_timeout: Duration,
+    /// How long one request may take, headers to the last byte of the answer.
+    #[arg(long, env = "MESH_PROVISIONER_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
+    /// Connections the HTTP side holds at once; one more is closed at once.
+    #[arg(long, env = "MESH_PROVISIONER_HTTP_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub http_max_connections: u32,
     #[arg(long, env = "MESH_PROVISIONER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
 }

@@ -2,11 +2,19 @@
 //! `/healthz` and `/readyz` for probes and load balancers, `/metrics` in the Prometheus text
 //! format, and `/` — a status page of the mesh, fed by `/api/status`.
 //!
-//! Served by axum on the process's runtime. It only reads: readiness from the connection, the
-//! mirrors and the seat; the mesh's status by asking the guest the `status` question a node
-//! would ask the verb (every page), so the page shows exactly what the verb says — keys, places,
-//! states and revisions, never a value from a bucket. A status read is shared by every request
-//! within [`SNAPSHOT_FOR`], so a wall of open browsers costs one guest read per interval.
+//! Served by axum's router on the process's runtime, through an accept loop of its own (as an
+//! exporter on a shared host is): only the `Host` names the operator allows are answered (others
+//! `421`: no DNS rebinding reads the status), a connection that does not send its headers within
+//! `--http-header-timeout` is closed, a request that takes longer than `--http-request-timeout`
+//! is answered `503`, and past `--http-max-connections` a new connection is closed at once.
+//!
+//! It only reads: readiness from the connection, the mirrors and the seat; the mesh's status by
+//! asking the guest the `status` question a node would ask the verb (every page), so the page
+//! shows exactly what the verb says — keys, places, states and revisions, never a value from a
+//! bucket. That status read runs off the request path: one refresh at a time, in a task of its
+//! own, and every reader gets the last one read (refreshed when older than [`SNAPSHOT_FOR`]),
+//! so a slow guest never holds a lock a request waits on and a wall of open browsers costs one
+//! guest read per interval.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +40,69 @@ const MAX_PAGES: usize = 200;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
 
+/// How long a reader with no status read yet waits for the first.
+const FIRST_READ: Duration = Duration::from_secs(10);
+/// The longest a connection is kept, however it is used.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+
+/// How the HTTP side guards itself.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The `Host` names answered (lower case, without a port).
+    pub allowed_hosts: Vec<String>,
+    pub header_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Options {
+    /// The options the flags give; the allowed hosts default to the bound address and the
+    /// loopback names.
+    pub fn new(bound: SocketAddr, allow: &[String], header_timeout: Duration, request_timeout: Duration, max_connections: usize) -> Options {
+        let allowed_hosts = if allow.is_empty() {
+            let mut names: Vec<String> = Vec::new();
+            for n in [host_name(&bound.ip().to_string()), "localhost".into(), "127.0.0.1".into(), "[::1]".into()] {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+            names
+        } else {
+            allow.iter().map(|h| host_name(strip_port(h))).collect()
+        };
+        Options { allowed_hosts, header_timeout, request_timeout, max_connections: max_connections.max(1) }
+    }
+}
+
+/// A host as a `Host` header names it: lower case, an IPv6 address in brackets.
+fn host_name(h: &str) -> String {
+    let h = h.to_ascii_lowercase();
+    if h.contains(':') && !h.starts_with('[') {
+        format!("[{h}]")
+    } else {
+        h
+    }
+}
+
+/// A `Host` header's name without its port (`[::1]:9480` → `[::1]`).
+fn strip_port(host: &str) -> &str {
+    if let Some(end) = host.strip_prefix('[').and_then(|_| host.find(']')) {
+        return &host[..=end];
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// The status last read, and the one refresh running.
+#[derive(Default)]
+struct Snapshot {
+    last: std::sync::Mutex<(Option<(Instant, Arc<Value>)>, Option<String>)>,
+    refreshing: std::sync::atomic::AtomicBool,
+    refreshed: tokio::sync::Notify,
+}
+
 /// What the HTTP side reads.
 pub struct Http {
     pub client: async_nats::Client,
@@ -39,12 +110,12 @@ pub struct Http {
     pub current: Arc<Current>,
     pub seat: Arc<Seat>,
     pub limits: Limits,
-    snapshot: tokio::sync::Mutex<Option<(Instant, Arc<Value>)>>,
+    snapshot: Snapshot,
 }
 
 impl Http {
     pub fn new(client: async_nats::Client, backend: Arc<dyn Backend>, current: Arc<Current>, seat: Arc<Seat>, limits: Limits) -> Arc<Http> {
-        Arc::new(Http { client, backend, current, seat, limits, snapshot: Default::default() })
+        Arc::new(Http { client, backend, current, seat, limits, snapshot: Snapshot::default() })
     }
 }
 
@@ -57,18 +128,58 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener> {
     Ok(listener)
 }
 
-/// Serves until the task is aborted.
-pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>) {
+/// Serves until the task is aborted: each connection accepted within the cap, served by hyper
+/// with a header-read timeout, every request checked for its `Host` and bounded in time.
+pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: Options) {
     crate::metrics::metrics().record();
+    let options = Arc::new(options);
     let app = Router::new()
         .route("/", get(page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/status", get(status))
-        .with_state(http);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::warn!("the HTTP server stopped: {e}");
+        .with_state(http)
+        .layer(axum::middleware::from_fn_with_state(options.clone(), guard));
+    let connections = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors, say: wait rather than spin.
+                tracing::warn!("the HTTP side could not accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            // Past the cap: closed at once, costing nothing held.
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let header_timeout = options.header_timeout;
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Answers only the `Host` names allowed (`421` otherwise), each request within its time.
+async fn guard(State(options): State<Arc<Options>>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| host_name(strip_port(h)));
+    if !host.as_ref().is_some_and(|h| options.allowed_hosts.contains(h)) {
+        let shown: String = host.unwrap_or_default().chars().take(100).collect();
+        return (StatusCode::MISDIRECTED_REQUEST, format!("this server does not answer for host {shown:?} (--http-allow-host)\n")).into_response();
+    }
+    match tokio::time::timeout(options.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "the request took longer than --http-request-timeout\n").into_response(),
     }
 }
 
@@ -156,15 +267,54 @@ async fn status(State(h): State<Arc<Http>>) -> Response {
     }
 }
 
-/// Reads every page of `{"what":"status"}` from the guest, or reuses a read younger than
-/// [`SNAPSHOT_FOR`].
-async fn snapshot(h: &Http) -> Result<Arc<Value>> {
-    let mut cached = h.snapshot.lock().await;
-    if let Some((at, s)) = cached.as_ref() {
-        if at.elapsed() < SNAPSHOT_FOR {
-            return Ok(s.clone());
+/// The mesh's status as last read, never waiting on a guest call: a read older than
+/// [`SNAPSHOT_FOR`] is handed out while one refresh runs in a task of its own. Only a reader
+/// that finds no read at all waits (bounded) for the first.
+async fn snapshot(h: &Arc<Http>) -> Result<Arc<Value>> {
+    let waited = h.snapshot.refreshed.notified();
+    tokio::pin!(waited);
+    waited.as_mut().enable();
+    let last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner()).0.clone();
+    match last {
+        Some((at, s)) => {
+            if at.elapsed() >= SNAPSHOT_FOR {
+                refresh(h);
+            }
+            return Ok(s);
         }
+        None => refresh(h),
     }
+    let _ = tokio::time::timeout(FIRST_READ, waited).await;
+    let last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match last {
+        (Some((_, s)), _) => Ok(s),
+        (None, Some(why)) => Err(Error::new(ErrorKind::Unavailable, why)),
+        (None, None) => Err(Error::new(ErrorKind::Timeout, format!("no status read within {FIRST_READ:?}"))),
+    }
+}
+
+/// Starts a refresh of the status unless one runs.
+fn refresh(h: &Arc<Http>) {
+    if h.snapshot.refreshing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let h = h.clone();
+    tokio::spawn(async move {
+        let read = read_status(&h).await;
+        {
+            let mut last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner());
+            match read {
+                Ok(s) => *last = (Some((Instant::now(), s)), None),
+                Err(e) => last.1 = Some(e.message().to_string()),
+            }
+        }
+        h.snapshot.refreshing.store(false, std::sync::atomic::Ordering::Release);
+        h.snapshot.refreshed.notify_waiters();
+    });
+}
+
+/// Reads every page of `{"what":"status"}` from the guest.
+async fn read_status(h: &Http) -> Result<Arc<Value>> {
     let loaded = h.current.get();
     let (mut entries, mut after, mut complete) = (Vec::new(), None::<String>, false);
     for _ in 0..MAX_PAGES {
@@ -196,7 +346,6 @@ async fn snapshot(h: &Http) -> Result<Arc<Value>> {
         "instance": h.seat.instance(),
         "read_at": crate::service::rfc3339(std::time::SystemTime::now()),
     }));
-    *cached = Some((Instant::now(), s.clone()));
     Ok(s)
 }
 
@@ -210,4 +359,31 @@ fn role(seat: &Seat) -> &'static str {
 
 async fn page() -> Html<&'static str> {
     Html(include_str!("status_page.html"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_host_header_without_its_port() {
+        assert_eq!(strip_port("127.0.0.1:9480"), "127.0.0.1");
+        assert_eq!(strip_port("[::1]:9480"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+        assert_eq!(strip_port("Status.Example.com"), "Status.Example.com");
+        assert_eq!(host_name("Status.Example.com"), "status.example.com");
+        assert_eq!(host_name("::1"), "[::1]");
+    }
+
+    #[test]
+    fn allows_the_bound_address_and_loopback_unless_told() {
+        let bound: SocketAddr = "127.0.0.1:9480".parse().unwrap();
+        let o = Options::new(bound, &[], Duration::from_secs(5), Duration::from_secs(30), 0);
+        assert_eq!(o.allowed_hosts, ["127.0.0.1", "localhost", "[::1]"]);
+        let any = Options::new("0.0.0.0:9480".parse().unwrap(), &[], Duration::from_secs(5), Duration::from_secs(30), 8);
+        assert_eq!(any.allowed_hosts, ["0.0.0.0", "localhost", "127.0.0.1", "[::1]"]);
+        assert_eq!(o.max_connections, 1, "at least one connection");
+        let told = Options::new(bound, &["Status.Example.com:443".into()], Duration::from_secs(5), Duration::from_secs(30), 8);
+        assert_eq!(told.allowed_hosts, ["status.example.com"]);
+    }
 }

@@ -60,7 +60,9 @@ pub async fn run(args: Serve) -> Result<()> {
     let mut tasks = start(&args, &opened, reconnections, runtime, trust, limits);
     if let Some(listener) = http {
         let state = crate::http::Http::new(opened.client.clone(), opened.backend.clone(), opened.current.clone(), opened.seat.clone(), limits);
-        tasks.handles.push(tokio::spawn(crate::http::serve(listener, state)));
+        let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
+        let options = crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize);
+        tasks.handles.push(tokio::spawn(crate::http::serve(listener, state, options)));
     }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref(), limits).await;
     shut_down(tasks, &opened, embedded).await;

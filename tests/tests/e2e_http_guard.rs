@@ -1,0 +1,89 @@
+//! The HTTP side guarded like an exporter on a shared host (issue 24, item 1), with real
+//! sockets against the real host binary: a foreign `Host` is refused, half-sent requests are
+//! closed within the header timeout while `/healthz` keeps answering, and a connection flood
+//! past the cap is closed at once.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tests::browser::get;
+use tests::nats::{Bus, Host};
+
+/// One GET with the `Host` header `host`: the status code.
+async fn get_as(addr: &str, path: &str, host: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
+    String::from_utf8_lossy(&raw).split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+/// Whether the server closed `s` (a read returns end of file or an error) within `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn answers_only_its_own_names_closes_slow_clients_and_caps_connections() {
+    let bus = Bus::start().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--http-header-timeout", "3s", "--http-max-connections", "80"]).await;
+    let url = host.http_url().await;
+    let addr = url.trim_start_matches("http://").to_string();
+    let port = addr.rsplit(':').next().expect("a port").to_string();
+
+    // Its own names are answered; a foreign one (DNS rebinding) is not.
+    assert_eq!(get(&format!("{url}/healthz")).await.0, 200);
+    for ok in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), "LOCALHOST".to_string()] {
+        assert_eq!(get_as(&addr, "/api/status", &ok).await, 200, "{ok}");
+    }
+    for foreign in [format!("evil.example:{port}"), "attacker.test".to_string(), String::new()] {
+        assert_eq!(get_as(&addr, "/api/status", &foreign).await, 421, "{foreign:?}");
+    }
+
+    // 64 half-sent requests: closed by the server within the header timeout (3 s); meanwhile
+    // /healthz answers.
+    let mut slow = Vec::new();
+    for _ in 0..64 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        s.write_all(format!("GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Slow: ").as_bytes()).await.expect("send");
+        slow.push(s);
+    }
+    let started = Instant::now();
+    assert_eq!(get(&format!("{url}/healthz")).await.0, 200, "healthz while 64 requests hang");
+    for s in slow.iter_mut() {
+        assert!(closed_within(s, Duration::from_secs(5)).await, "a half-sent request was kept open");
+    }
+    assert!(started.elapsed() < Duration::from_secs(6), "closed in {:?}, past the 3 s header timeout and its slack", started.elapsed());
+
+    // A flood past the cap: the connections beyond 80 are closed at once, and once the flood
+    // is gone the server answers again.
+    let mut flood = Vec::new();
+    for _ in 0..120 {
+        if let Ok(s) = TcpStream::connect(&addr).await {
+            flood.push(s);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Looked at together, well inside the header timeout: those held are still open.
+    let looks = flood.iter_mut().map(|s| closed_within(s, Duration::from_millis(300)));
+    let closed = futures::future::join_all(looks).await.into_iter().filter(|c| *c).count();
+    assert!((35..=45).contains(&closed), "{closed} of 120 connections closed at once; the cap of 80 should close 40");
+    drop(flood);
+    let start = Instant::now();
+    loop {
+        if get_as(&addr, "/healthz", "localhost").await == 200 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the server did not answer after the flood");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    host.stop().await;
+}
