@@ -168,6 +168,10 @@ pub async fn connect_cli(c: &Connect, name: &str) -> Result<Client> {
 
 /// Connects to the embedded server recorded in the state directory as `user`.
 pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Client> {
+    // The record names where to send a password: trusted only from a directory no one else
+    // could have planted it in.
+    crate::trust::state_dir_is_private(&c.state_dir).map_err(|why| Error::new(ErrorKind::Config, why))?;
+    crate::trust::owned_and_private(&Access::path(&c.state_dir)).map_err(|why| Error::new(ErrorKind::Config, format!("the embedded server's record refused: {why}")))?;
     let access = Access::load(&c.state_dir)?;
     let password = access.password(user).ok_or_else(|| Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")))?;
     let o = ConnectOptions::with_user_and_password(user.into(), password.into()).name(name).custom_inbox_prefix(inbox_of(user));

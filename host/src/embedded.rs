@@ -202,12 +202,5 @@ fn die_with_this_process(command: &mut Command) {
     let _ = command;
 }
 
-/// Writes a file only its owner can read (it holds passwords).
-pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(tmp, path)
-}
+/// Writes a file only its owner can read (it holds passwords): see [`crate::files`].
+pub use crate::files::write_private;

@@ -95,10 +95,13 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
+/// The status last read and when, and why the last read failed (if it did).
+type Last = (Option<(Instant, Arc<Value>)>, Option<String>);
+
 /// The status last read, and the one refresh running.
 #[derive(Default)]
 struct Snapshot {
-    last: std::sync::Mutex<(Option<(Instant, Arc<Value>)>, Option<String>)>,
+    last: std::sync::Mutex<Last>,
     refreshing: std::sync::atomic::AtomicBool,
     refreshed: tokio::sync::Notify,
 }

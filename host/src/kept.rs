@@ -9,7 +9,6 @@
 //! module waits; nothing here panics or stops the server.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -195,19 +194,10 @@ fn decode(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("plan.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    // The rename itself is durable once the directory is synced.
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
     }
-    Ok(())
+    crate::files::write_private(path, bytes)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod demo;
 pub mod embedded;
 pub mod error;
 pub mod events;
+pub mod files;
 pub mod http;
 pub mod kept;
 pub mod logging;

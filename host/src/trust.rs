@@ -7,11 +7,18 @@
 //!   and the file belong to this user and no one else may write them, and the file's SHA-256
 //!   matches the one recorded beside it when it was written (the bytes hashed are the bytes
 //!   loaded); anything else is logged and compiled afresh, never loaded;
-//! - a component file that group or others may write is refused with the reason, as sshd's
-//!   StrictModes refuses a key file; with `--trust-key`, a component is loaded or swapped only
-//!   with a valid ed25519 signature beside it (`<file>.sig`, made by `mesh-provisioner sign`).
+//! - a component is trusted the way sshd's StrictModes trusts a key file: opened once without
+//!   following a link, checked on the open descriptor (a regular file owned by root or this
+//!   server's user, no group or other write), every directory above it owned by root or this
+//!   user and not writable by group or others (unless sticky, as `/tmp`) up to the first one
+//!   root owns, and read from that descriptor — never a second lookup of the path; with
+//!   `--trust-key`, a component is loaded or swapped only with a valid ed25519 signature beside
+//!   it (`<file>.sig`, made by `mesh-provisioner sign`);
+//! - a state directory others may read or write is refused with the fix (`chmod 700`): it holds
+//!   the embedded server's passwords and native code.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
@@ -25,16 +32,24 @@ fn me() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Creates `dir` (and its parents) as this user's own: `0700`. An existing directory that
-/// others may enter or write is reported, not silently changed.
+/// Creates `dir` (and its parents) as this user's own: `0700`. An existing directory that is
+/// not this user's, or that others may read, enter or write, is refused with the fix: it holds
+/// passwords, kept plans and native code.
 pub fn private_dir(dir: &Path) -> Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(|e| Error::new(ErrorKind::Config, format!("state directory {}: {e}", dir.display())))?;
-    if let Err(why) = owned_and_private(dir) {
-        tracing::warn!(dir = %dir.display(), "{why}; the compiled-component cache in it will not be trusted");
+    state_dir_is_private(dir).map_err(|why| Error::new(ErrorKind::Config, why))
+}
+
+/// Why `dir` may not be trusted as the state directory, if it may not.
+pub fn state_dir_is_private(dir: &Path) -> std::result::Result<(), String> {
+    owned_and_private(dir).map_err(|why| format!("state directory refused: {why} (chown it to this user and chmod 700 {})", dir.display()))?;
+    let mode = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?.mode();
+    if mode & 0o077 != 0 {
+        return Err(format!("state directory {} may be read or entered by group or others (mode {:04o}): chmod 700 {}", dir.display(), mode & 0o7777, dir.display()));
     }
     Ok(())
 }
@@ -80,12 +95,7 @@ pub fn trusted_artifact(artifact: &Path) -> std::result::Result<Vec<u8>, String>
 pub fn write_artifact(artifact: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = artifact.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let put = |path: &Path, contents: &[u8]| -> std::io::Result<()> {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, contents)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&tmp, path)
-    };
+    let put = crate::files::write_private;
     // The artifact first: a crash between the two leaves a record that does not match, so the
     // artifact is compiled afresh, never trusted.
     put(artifact, bytes)?;
@@ -113,11 +123,26 @@ pub fn signature_path(component: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Reads the component at `path` as trusted code: refused when group or others may write it,
-/// and, with `key`, unless `<path>.sig` holds a valid signature of exactly these bytes.
+/// Reads the component at `path` as trusted code (see the module's doc): refused when a
+/// stranger could have put it there, and, with `key`, unless `<path>.sig` holds a valid
+/// signature of exactly these bytes.
 pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
     let refuse = |why: String| Error::new(ErrorKind::Guest, why);
-    let m = std::fs::metadata(path).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
+    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            refuse(format!("component {} is a symbolic link; refusing it (point --component at the file itself)", path.display()))
+        } else {
+            Error::new(ErrorKind::Config, format!("component {}: {e}", path.display()))
+        }
+    })?;
+    // On the descriptor: what is checked is what is read.
+    let m = file.metadata().map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
+    if !m.is_file() {
+        return Err(refuse(format!("component {} is not a regular file; refusing it", path.display())));
+    }
+    if m.uid() != 0 && m.uid() != me() {
+        return Err(refuse(format!("component {} belongs to uid {}, neither root nor this server's uid {}; refusing it (chown it)", path.display(), m.uid(), me())));
+    }
     if m.mode() & 0o022 != 0 {
         return Err(refuse(format!(
             "component {} may be written by group or others (mode {:04o}); refusing it (chmod go-w)",
@@ -125,7 +150,9 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
             m.mode() & 0o7777
         )));
     }
-    let bytes = std::fs::read(path).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
+    directories_are_safe(path).map_err(refuse)?;
+    let mut bytes = Vec::with_capacity(m.len() as usize);
+    file.read_to_end(&mut bytes).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
     if let Some(TrustKey(key)) = key {
         let sig_path = signature_path(path);
         let text = std::fs::read_to_string(&sig_path)
@@ -136,6 +163,35 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
             .map_err(|_| refuse(format!("the signature {} does not verify with the trusted key: not signed by it, or the component changed", sig_path.display())))?;
     }
     Ok(bytes)
+}
+
+/// Why a stranger could replace the file at `path` through one of its directories, if one
+/// could: each directory above it, up to the first root owns, must belong to root or this user
+/// and be writable by no one else (a sticky directory, as `/tmp`, lets no one else rename or
+/// remove what is not theirs).
+fn directories_are_safe(path: &Path) -> std::result::Result<(), String> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let real = std::fs::canonicalize(parent).map_err(|e| format!("the directory of component {}: {e}", path.display()))?;
+    for dir in real.ancestors() {
+        let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if m.uid() != 0 && m.uid() != me() {
+            return Err(format!("component {}: its directory {} belongs to uid {}, neither root nor this server's uid {}; refusing it", path.display(), dir.display(), m.uid(), me()));
+        }
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.mode() & 0o022 != 0 && !sticky {
+            return Err(format!(
+                "component {}: its directory {} may be written by group or others (mode {:04o}), who could rename another file over it; refusing it (chmod go-w {})",
+                path.display(),
+                dir.display(),
+                m.mode() & 0o7777,
+                dir.display()
+            ));
+        }
+        if m.uid() == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// `mesh-provisioner keygen <secret-file>`: a new signing key, its secret written `0600`, its
@@ -166,6 +222,7 @@ pub fn sign(secret: &Path, component: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_signature_verifies_only_the_bytes_signed_with_the_trusted_key() {
@@ -195,6 +252,54 @@ mod tests {
         assert!(e.message().contains("mode 0664") && e.message().contains("chmod go-w"), "{}", e.message());
         std::fs::set_permissions(&component, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(read_component(&component, None).is_ok());
+    }
+
+    #[test]
+    fn refuses_a_component_through_a_link_or_in_a_directory_others_may_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let component = dir.path().join("guest.wasm");
+        std::fs::write(&component, b"\0asm").unwrap();
+        std::fs::set_permissions(&component, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("link.wasm");
+        std::os::unix::fs::symlink(&component, &link).unwrap();
+        assert!(read_component(&link, None).unwrap_err().message().contains("symbolic link"));
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let inside = open.join("guest.wasm");
+        std::fs::write(&inside, b"\0asm").unwrap();
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_component(&inside, None).unwrap_err();
+        assert!(e.message().contains("may be written by group or others (mode 0777)") && e.message().contains("rename"), "{}", e.message());
+        // Sticky, as /tmp: no one else may rename over it.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(read_component(&inside, None).is_ok());
+        assert!(read_component(&dir.path().join("open"), None).unwrap_err().message().contains("not a regular file"));
+    }
+
+    #[test]
+    fn refuses_a_component_owned_by_a_stranger() {
+        if me() != 0 {
+            // Only root can give a file away; as anyone else a stranger's file cannot be made
+            // here, and the e2e test covers it.
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let component = dir.path().join("guest.wasm");
+        std::fs::write(&component, b"\0asm").unwrap();
+        std::os::unix::fs::chown(&component, Some(65534), None).unwrap();
+        let e = read_component(&component, None).unwrap_err();
+        assert!(e.message().contains("belongs to uid 65534"), "{}", e.message());
+    }
+
+    #[test]
+    fn refuses_a_state_directory_others_may_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        private_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = private_dir(&state).unwrap_err();
+        assert!(e.message().contains("mode 0755") && e.message().contains("chmod 700"), "{}", e.message());
     }
 
     #[test]

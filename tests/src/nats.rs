@@ -385,6 +385,13 @@ impl RawServer {
     }
 }
 
+/// Makes `dir` this user's alone (`0700`), as an operator makes a state directory: the server
+/// refuses one others may read (a temporary directory is made `0755`).
+pub fn private(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).expect("chmod 700 the state directory");
+}
+
 /// For benchmarks: use the release host binary when one is built.
 pub fn prefer_release_binary() {
     let release = crate::target_dir().join("release/mesh-provisioner");
@@ -440,6 +447,7 @@ impl Host {
     /// Starts `serve` with exactly `args` (how to reach the bus and log in, and any more)
     /// besides the component and the state directory, without waiting.
     pub fn spawn_as(state: TempDir, component: &std::path::Path, args: &[&str]) -> Host {
+        private(state.path());
         let log = state.path().join("host.log");
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let child = Command::new(host_binary())

@@ -101,6 +101,7 @@ async fn with_no_watch_only_sighup_swaps_a_changed_component() {
 #[tokio::test]
 async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state_dir() {
     let state = tempfile::tempdir().unwrap();
+    tests::nats::private(state.path());
     let log = state.path().join("host.log");
     let mut child = tokio::process::Command::new(host_binary())
         .args(["serve", "--demo", "--seat-ttl", "2s", "--component"])

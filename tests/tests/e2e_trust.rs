@@ -3,7 +3,7 @@
 //! file others may write is refused; with `--trust-key`, only a component signed by that key
 //! loads or swaps in.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tests::nats::{host_binary, Bus, Host};
@@ -124,4 +124,70 @@ async fn with_a_trust_key_only_signed_components_load() {
     host.signal("HUP");
     Host::info_until(&c, "v2 swapped in", |m| m["component_version"] == "0.2.0-fixture").await;
     host.stop().await;
+}
+
+/// Starts `serve` with `component` and `state`; it must not start: what it said.
+fn refused_at_start(bus: &Bus, component: &Path, state: &Path) -> String {
+    let out = std::process::Command::new(host_binary())
+        .args(["serve", "--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner"), "--component"])
+        .arg(component)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "it started: {text}");
+    text
+}
+
+#[tokio::test]
+async fn a_stranger_can_slip_in_no_component_and_no_record() {
+    let bus = Bus::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let component = dir.path().join("guest.wasm");
+    install(&tests::component_path(), &component);
+    std::fs::set_permissions(&component, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    // Through a link (the stat and the read could see two files): refused.
+    let link = dir.path().join("link.wasm");
+    std::os::unix::fs::symlink(&component, &link).unwrap();
+    let said = refused_at_start(&bus, &link, &state);
+    assert!(said.contains("is a symbolic link"), "{said}");
+
+    // In a directory others may write (they could rename another file over it): refused.
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let inside = open.join("guest.wasm");
+    install(&tests::component_path(), &inside);
+    std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let said = refused_at_start(&bus, &inside, &state);
+    assert!(said.contains("its directory") && said.contains("mode 0777"), "{said}");
+
+    // Owned by another user (neither root nor this server's): refused. Only root can give a
+    // file away, which is how this suite runs (and CI); as another user this part is skipped.
+    if std::fs::metadata(dir.path()).unwrap().uid() == 0 {
+        let theirs = dir.path().join("theirs.wasm");
+        install(&tests::component_path(), &theirs);
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let said = refused_at_start(&bus, &theirs, &state);
+        assert!(said.contains("belongs to uid 65534"), "{said}");
+    } else {
+        println!("not root: a component owned by another user cannot be made here");
+    }
+
+    // A state directory others may read: refused, naming the fix.
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let said = refused_at_start(&bus, &component, &state);
+    assert!(said.contains("mode 0755") && said.contains("chmod 700"), "{said}");
+
+    // A record of the embedded server planted in a state directory others may write: `query`
+    // does not send the provisioner's password where it says.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(state.join("embedded.json"), r#"{"url":"nats://127.0.0.1:1","passwords":[["mesh-provisioner","x"]]}"#).unwrap();
+    let out = std::process::Command::new(host_binary()).args(["query", "--state-dir"]).arg(&state).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("state directory") && said.contains("chmod 700"), "{said}");
 }
