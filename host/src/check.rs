@@ -27,3 +27,14 @@ pub async fn check(component: &Path) -> Result<()> {
     println!("ok: {} {} ({}), digest {}, {} registry kinds", info.name, info.version, info.wit_version, loaded.guest.digest(), rows.len());
     Ok(())
 }
+
+/// `sign`: runs the component to learn the version it says it is (the checks of `check`), then
+/// signs its bytes bound to that version, and says what it bound.
+pub async fn sign(secret: &Path, component: &Path) -> Result<()> {
+    let bytes = std::fs::read(component).map_err(|e| crate::error::Error::new(crate::error::ErrorKind::Config, format!("{}: {e}", component.display())))?;
+    let loaded = crate::reload::prepare(&Runtime::new()?, &bytes, None, Limits::default()).await?;
+    let (path, digest) = crate::trust::sign(secret, component, &bytes, &loaded.info.version)?;
+    println!("signed {}: version {}, sha256 {digest}", component.display(), loaded.info.version);
+    println!("{}", path.display());
+    Ok(())
+}

@@ -248,6 +248,11 @@ pub struct Serve {
     /// Memory one guest call may use, in MiB.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub guest_memory: u32,
+    /// Memory all guest instances together may hold (kept for reuse and in flight), in MiB: a
+    /// call whose guest would grow past it is stopped with a `500`, the others go on. At least
+    /// --guest-memory.
+    #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY_TOTAL", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub guest_memory_total: u32,
     /// Requests answered at once; one arriving while this many are in flight gets a fast `503`
     /// with code `overloaded` (counted in `$SRV.STATS`) instead of waiting in an unbounded queue.
     #[arg(long, env = "MESH_PROVISIONER_MAX_IN_FLIGHT", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
@@ -265,6 +270,11 @@ pub struct Serve {
     /// `keygen` prints): each needs `<component>.sig` (made by `sign`).
     #[arg(long, env = "MESH_PROVISIONER_TRUST_KEY")]
     pub trust_key: Option<String>,
+    /// With --trust-key: let a component older than the highest version accepted before load
+    /// (a deliberate downgrade; it is remembered as the one serving). Without it such a
+    /// rollback is refused.
+    #[arg(long, env = "MESH_PROVISIONER_ALLOW_DOWNGRADE", requires = "trust_key")]
+    pub allow_downgrade: bool,
     /// Call the guest for every request, even one asked before over buckets unchanged since
     /// (the reply cache is on by default; this is for measuring and for doubt).
     #[arg(long, env = "MESH_PROVISIONER_NO_REPLY_CACHE")]

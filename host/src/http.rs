@@ -247,6 +247,9 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
         m.stream_captures.get_or_create(&crate::metrics::Stream { stream, subject }).set(1);
     }
     m.mirrors_bytes.set(crate::mirror::total_bytes() as i64);
+    let budget = h.current.get().guest.budget().clone();
+    m.guest_memory.set(budget.used() as i64);
+    m.guest_memory_budget.set(budget.total() as i64);
     // Module states come from the shared status read (at most one guest read per
     // SNAPSHOT_FOR, however often Prometheus scrapes).
     if let Ok(s) = snapshot(&h).await {

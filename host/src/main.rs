@@ -19,7 +19,7 @@ async fn main() -> std::process::ExitCode {
         Command::Check(args) => mesh_provisioner::check::check(&args.component).await,
         Command::Keygen(args) => mesh_provisioner::trust::keygen(&args.secret).map(|public| println!("{public}")),
         Command::Bootstrap(args) => mesh_provisioner::bootstrap::run(args).await,
-        Command::Sign(args) => mesh_provisioner::trust::sign(&args.key, &args.component).map(|sig| println!("{}", sig.display())),
+        Command::Sign(args) => mesh_provisioner::check::sign(&args.key, &args.component).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -105,6 +105,8 @@ pub struct Metrics {
     pub stream_captures: Family<Stream, Gauge>,
     pub mirrors_bytes: Gauge,
     pub mirrors_budget: Gauge,
+    pub guest_memory: Gauge,
+    pub guest_memory_budget: Gauge,
 }
 
 /// The process's metrics, made on first use.
@@ -145,6 +147,8 @@ impl Metrics {
             stream_captures: Family::default(),
             mirrors_bytes: Gauge::default(),
             mirrors_budget: Gauge::default(),
+            guest_memory: Gauge::default(),
+            guest_memory_budget: Gauge::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -176,6 +180,8 @@ impl Metrics {
         registry.register("stream_captures", "1 for each stream that captures a subject the provisioner answers or publishes on", m.stream_captures.clone());
         registry.register("mirrors_memory_bytes", "Bytes of keys and values all mirrors hold", m.mirrors_bytes.clone());
         registry.register("mirrors_memory_budget_bytes", "The mirrors' memory budget (0: none)", m.mirrors_budget.clone());
+        registry.register("guest_memory_bytes", "Linear memory all guest instances hold (kept for reuse and in flight)", m.guest_memory.clone());
+        registry.register("guest_memory_budget_bytes", "The guests' memory budget (--guest-memory-total)", m.guest_memory_budget.clone());
         Metrics { registry, ..m }
     }
 

@@ -118,7 +118,7 @@ impl Reloader {
         let Reloader { path, runtime, current, cache, limits, reconciler, trust, .. } = self;
         let (path, limits, trust) = (path.as_path(), *limits, trust.as_ref());
         let started = Instant::now();
-        let bytes = match crate::trust::read_component(path, trust) {
+        let (bytes, signed) = match crate::trust::read_component(path, trust) {
             Ok(b) => b,
             Err(e) => {
                 let reason = e.message().to_string();
@@ -134,7 +134,11 @@ impl Reloader {
             }
             return;
         }
-        match prepare(runtime, &bytes, Some(cache), limits).await {
+        let prepared = match prepare(runtime, &bytes, Some(cache), limits).await {
+            Ok(loaded) => accept(trust, signed.as_deref(), loaded),
+            Err(e) => Err(e),
+        };
+        match prepared {
             Ok(loaded) => {
                 let (version, from_cache) = (loaded.info.version.clone(), loaded.guest.from_cache());
                 let old = current.swap(loaded);
@@ -155,9 +159,9 @@ impl Reloader {
 /// Reads (as trusted code: see [`crate::trust`]), compiles (or takes from `cache`),
 /// type-checks and smoke-runs a component.
 pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std::path::Path>, trust: Option<&crate::trust::TrustKey>, limits: Limits) -> Result<Loaded> {
-    let bytes = crate::trust::read_component(path, trust)?;
+    let (bytes, signed) = crate::trust::read_component(path, trust)?;
     let started = std::time::Instant::now();
-    let loaded = prepare(runtime, &bytes, cache, limits).await?;
+    let loaded = accept(trust, signed.as_deref(), prepare(runtime, &bytes, cache, limits).await?)?;
     tracing::info!(
         component = %path.display(),
         digest = loaded.guest.digest(),
@@ -167,5 +171,15 @@ pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std:
         elapsed = ?started.elapsed(),
         "component loaded"
     );
+    Ok(loaded)
+}
+
+/// With a trust key: the component's own version must be the one signed, and no older than
+/// the highest accepted before (no rollback); then it is remembered.
+fn accept(trust: Option<&crate::trust::TrustKey>, signed: Option<&str>, loaded: Loaded) -> Result<Loaded> {
+    if let (Some(key), Some(signed)) = (trust, signed) {
+        key.check_version(signed, &loaded.info.version)?;
+        key.accept_version(&loaded.info.version)?;
+    }
     Ok(loaded)
 }

@@ -25,13 +25,23 @@ pub async fn run(args: Serve) -> Result<()> {
     if args.seat_ttl < std::time::Duration::from_millis(500) {
         return Err(Error::new(ErrorKind::Config, "--seat-ttl must be at least 500ms"));
     }
+    if args.guest_memory_total < args.guest_memory {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("--guest-memory-total ({} MiB) must hold at least one call's --guest-memory ({} MiB)", args.guest_memory_total, args.guest_memory),
+        ));
+    }
     let limits = Limits { deadline: args.guest_deadline, memory: (args.guest_memory as usize) << 20 };
     crate::trust::private_dir(&args.connect.state_dir)?;
     let trust = match &args.trust_key {
-        Some(k) => Some(crate::trust::TrustKey::parse(k)?),
+        Some(k) => Some(crate::trust::TrustKey::parse(k)?.remembering(&args.connect.state_dir, args.allow_downgrade)),
         None => None,
     };
-    let runtime = Runtime::with_options(crate::runtime::Options { reply_cache: !args.no_reply_cache, ..Default::default() })?;
+    let runtime = Runtime::with_options(crate::runtime::Options {
+        reply_cache: !args.no_reply_cache,
+        memory_total: (args.guest_memory_total as usize) << 20,
+        ..Default::default()
+    })?;
     let cache = args.connect.state_dir.join("components");
     let current = Current::new(crate::reload::load(&runtime, &args.component, Some(&cache), trust.as_ref(), limits).await?);
 

@@ -13,7 +13,11 @@
 //!   user and not writable by group or others (unless sticky, as `/tmp`) up to the first one
 //!   root owns, and read from that descriptor — never a second lookup of the path; with
 //!   `--trust-key`, a component is loaded or swapped only with a valid ed25519 signature beside
-//!   it (`<file>.sig`, made by `mesh-provisioner sign`);
+//!   it (`<file>.sig`, made by `mesh-provisioner sign`), which binds the component's SHA-256 to
+//!   its version; the highest version accepted with each key is kept in the state directory
+//!   (`trusted-versions.json`) and a lower one is refused — no rollback to a version with a
+//!   known bug by copying an old signed file back, unless the operator says so
+//!   (`--allow-downgrade`);
 //! - a state directory others may read or write is refused with the fix (`chmod 700`): it holds
 //!   the embedded server's passwords and native code.
 
@@ -102,9 +106,32 @@ pub fn write_artifact(artifact: &Path, bytes: &[u8]) -> std::io::Result<()> {
     put(&digest_path(artifact), hex::encode(Sha256::digest(bytes)).as_bytes())
 }
 
-/// A public key whose signatures make a component trusted.
+/// A public key whose signatures make a component trusted, and where the highest version it
+/// signed that was accepted is kept.
 #[derive(Clone)]
-pub struct TrustKey(VerifyingKey);
+pub struct TrustKey {
+    key: VerifyingKey,
+    /// `trusted-versions.json` in the state directory; none: versions are not remembered.
+    record: Option<PathBuf>,
+    /// Whether the operator means to go back to an older version.
+    allow_downgrade: bool,
+}
+
+/// What a signature file holds: the version and digest it binds, and the signature of both.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Signed {
+    format: String,
+    version: String,
+    sha256: String,
+    signature: String,
+}
+
+const SIGNATURE_FORMAT: &str = "mesh-provisioner-signature/1";
+
+/// The bytes a signature is made over: the format, the version and the digest.
+fn signed_message(version: &str, sha256: &str) -> Vec<u8> {
+    format!("{SIGNATURE_FORMAT}\n{version}\n{sha256}").into_bytes()
+}
 
 impl TrustKey {
     /// Reads a key given as 64 hex digits.
@@ -112,7 +139,92 @@ impl TrustKey {
         let bad = |why: &str| Error::new(ErrorKind::Config, format!("--trust-key: {why}"));
         let bytes = hex::decode(text.trim()).map_err(|_| bad("an ed25519 public key is 64 hex digits"))?;
         let bytes: [u8; 32] = bytes.try_into().map_err(|_| bad("an ed25519 public key is 32 bytes (64 hex digits)"))?;
-        VerifyingKey::from_bytes(&bytes).map(TrustKey).map_err(|e| bad(&format!("not an ed25519 public key: {e}")))
+        let key = VerifyingKey::from_bytes(&bytes).map_err(|e| bad(&format!("not an ed25519 public key: {e}")))?;
+        Ok(TrustKey { key, record: None, allow_downgrade: false })
+    }
+
+    /// Remembers the highest version accepted in `state_dir`; `allow_downgrade` lets an older
+    /// one load (and be remembered) on purpose.
+    pub fn remembering(self, state_dir: &Path, allow_downgrade: bool) -> TrustKey {
+        TrustKey { record: Some(state_dir.join("trusted-versions.json")), allow_downgrade, ..self }
+    }
+
+    fn id(&self) -> String {
+        hex::encode(self.key.to_bytes())
+    }
+
+    fn remembered(&self) -> std::collections::BTreeMap<String, String> {
+        let Some(path) = &self.record else { return Default::default() };
+        // Written only by this server, in its private directory; a damaged record is read as
+        // empty, and the next version accepted writes it anew.
+        std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+
+    /// Refuses `version` (what the component says it is) unless it is the version signed and,
+    /// unless a downgrade is allowed, at least the highest accepted with this key before.
+    pub fn check_version(&self, signed: &str, version: &str) -> Result<()> {
+        let refuse = |why: String| Error::new(ErrorKind::Guest, why);
+        if signed != version {
+            return Err(refuse(format!("the signature binds version {signed}, but the component says it is {version}")));
+        }
+        if let Some(highest) = self.remembered().get(&self.id()) {
+            if compare_versions(version, highest) == std::cmp::Ordering::Less && !self.allow_downgrade {
+                return Err(refuse(format!(
+                    "version {version} is older than {highest}, the highest this key's components reached here: a rollback is refused (--allow-downgrade to mean it)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers `version` as accepted: the highest so far, or (with a downgrade allowed) the
+    /// one now serving.
+    pub fn accept_version(&self, version: &str) -> Result<()> {
+        let Some(path) = &self.record else { return Ok(()) };
+        let mut all = self.remembered();
+        let higher = all.get(&self.id()).is_none_or(|h| compare_versions(version, h) == std::cmp::Ordering::Greater);
+        if !higher && !self.allow_downgrade {
+            return Ok(());
+        }
+        all.insert(self.id(), version.to_string());
+        let bytes = serde_json::to_vec_pretty(&all).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        crate::files::write_private(path, &bytes).map_err(|e| Error::new(ErrorKind::Config, format!("{}: {e}", path.display())))
+    }
+}
+
+/// Semantic versions compared: numbers part by part, a pre-release below its release.
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    fn split(v: &str) -> (Vec<u64>, Option<&str>) {
+        let v = v.split('+').next().unwrap_or(v);
+        let (core, pre) = v.split_once('-').map_or((v, None), |(c, p)| (c, Some(p)));
+        (core.split('.').map(|n| n.parse().unwrap_or(0)).collect(), pre)
+    }
+    let ((ca, pa), (cb, pb)) = (split(a), split(b));
+    for i in 0..ca.len().max(cb.len()) {
+        match ca.get(i).unwrap_or(&0).cmp(cb.get(i).unwrap_or(&0)) {
+            Ordering::Equal => {}
+            other => return other,
+        }
+    }
+    match (pa, pb) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Greater,
+        (Some(_), None) => Ordering::Less,
+        (Some(x), Some(y)) => {
+            for (i, j) in x.split('.').zip(y.split('.')) {
+                let o = match (i.parse::<u64>(), j.parse::<u64>()) {
+                    (Ok(m), Ok(n)) => m.cmp(&n),
+                    (Ok(_), Err(_)) => Ordering::Less,
+                    (Err(_), Ok(_)) => Ordering::Greater,
+                    (Err(_), Err(_)) => i.cmp(j),
+                };
+                if o != Ordering::Equal {
+                    return o;
+                }
+            }
+            x.split('.').count().cmp(&y.split('.').count())
+        }
     }
 }
 
@@ -125,8 +237,9 @@ pub fn signature_path(component: &Path) -> PathBuf {
 
 /// Reads the component at `path` as trusted code (see the module's doc): refused when a
 /// stranger could have put it there, and, with `key`, unless `<path>.sig` holds a valid
-/// signature of exactly these bytes.
-pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
+/// signature of exactly these bytes — whose bound version is handed back, for
+/// [`TrustKey::check_version`] once the component says its own.
+pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<(Vec<u8>, Option<String>)> {
     let refuse = |why: String| Error::new(ErrorKind::Guest, why);
     let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
@@ -153,16 +266,25 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<Vec<u8>> {
     directories_are_safe(path).map_err(refuse)?;
     let mut bytes = Vec::with_capacity(m.len() as usize);
     file.read_to_end(&mut bytes).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
-    if let Some(TrustKey(key)) = key {
-        let sig_path = signature_path(path);
-        let text = std::fs::read_to_string(&sig_path)
-            .map_err(|e| refuse(format!("--trust-key is set and the signature {} cannot be read: {e}", sig_path.display())))?;
-        let raw = hex::decode(text.trim()).map_err(|_| refuse(format!("{} is not a signature (128 hex digits)", sig_path.display())))?;
-        let sig = Signature::from_slice(&raw).map_err(|_| refuse(format!("{} is not a signature (128 hex digits)", sig_path.display())))?;
-        key.verify(&bytes, &sig)
-            .map_err(|_| refuse(format!("the signature {} does not verify with the trusted key: not signed by it, or the component changed", sig_path.display())))?;
+    let Some(trust) = key else { return Ok((bytes, None)) };
+    let sig_path = signature_path(path);
+    let text = std::fs::read_to_string(&sig_path)
+        .map_err(|e| refuse(format!("--trust-key is set and the signature {} cannot be read: {e}", sig_path.display())))?;
+    let signed: Signed = serde_json::from_str(&text)
+        .ok()
+        .filter(|s: &Signed| s.format == SIGNATURE_FORMAT)
+        .ok_or_else(|| refuse(format!("{} is not a signature of this server's format ({SIGNATURE_FORMAT}); sign the component again", sig_path.display())))?;
+    let raw = hex::decode(signed.signature.trim()).map_err(|_| refuse(format!("{} holds no signature (128 hex digits)", sig_path.display())))?;
+    let sig = Signature::from_slice(&raw).map_err(|_| refuse(format!("{} holds no signature (128 hex digits)", sig_path.display())))?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    if signed.sha256 != digest {
+        return Err(refuse(format!("the signature {} is for other bytes than the component's: the component changed", sig_path.display())));
     }
-    Ok(bytes)
+    trust
+        .key
+        .verify(&signed_message(&signed.version, &digest), &sig)
+        .map_err(|_| refuse(format!("the signature {} does not verify with the trusted key: not signed by it, or altered", sig_path.display())))?;
+    Ok((bytes, Some(signed.version)))
 }
 
 /// Why a stranger could replace the file at `path` through one of its directories, if one
@@ -204,19 +326,22 @@ pub fn keygen(secret: &Path) -> Result<String> {
     Ok(hex::encode(key.verifying_key().to_bytes()))
 }
 
-/// `mesh-provisioner sign --key <secret-file> <component>`: writes `<component>.sig`.
-pub fn sign(secret: &Path, component: &Path) -> Result<PathBuf> {
+/// Writes `<component>.sig`: the signature of `bytes` (the component's) bound to `version`
+/// (what it says it is), with the secret key in `secret`. Returns where, and the digest bound.
+pub fn sign(secret: &Path, component: &Path, bytes: &[u8], version: &str) -> Result<(PathBuf, String)> {
     let config = |what: String| Error::new(ErrorKind::Config, what);
     let text = std::fs::read_to_string(secret).map_err(|e| config(format!("{}: {e}", secret.display())))?;
     let seed: [u8; 32] = hex::decode(text.trim())
         .ok()
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| config(format!("{} does not hold a secret key (64 hex digits, as keygen writes)", secret.display())))?;
-    let bytes = std::fs::read(component).map_err(|e| config(format!("{}: {e}", component.display())))?;
-    let sig = SigningKey::from_bytes(&seed).sign(&bytes);
+    let digest = hex::encode(Sha256::digest(bytes));
+    let sig = SigningKey::from_bytes(&seed).sign(&signed_message(version, &digest));
+    let signed = Signed { format: SIGNATURE_FORMAT.into(), version: version.into(), sha256: digest.clone(), signature: hex::encode(sig.to_bytes()) };
     let path = signature_path(component);
-    std::fs::write(&path, hex::encode(sig.to_bytes())).map_err(|e| config(format!("{}: {e}", path.display())))?;
-    Ok(path)
+    let text = serde_json::to_vec_pretty(&signed).map_err(|e| config(e.to_string()))?;
+    std::fs::write(&path, text).map_err(|e| config(format!("{}: {e}", path.display())))?;
+    Ok((path, digest))
 }
 
 #[cfg(test)]
@@ -225,21 +350,58 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn a_signature_verifies_only_the_bytes_signed_with_the_trusted_key() {
+    fn a_signature_verifies_only_the_bytes_and_version_signed_with_the_trusted_key() {
         let dir = tempfile::tempdir().unwrap();
         let (secret, component) = (dir.path().join("key"), dir.path().join("guest.wasm"));
         std::fs::write(&component, b"\0asm component bytes").unwrap();
         let public = TrustKey::parse(&keygen(&secret).unwrap()).unwrap();
-        sign(&secret, &component).unwrap();
-        assert_eq!(read_component(&component, Some(&public)).unwrap(), b"\0asm component bytes");
+        sign(&secret, &component, b"\0asm component bytes", "1.2.0").unwrap();
+        let (bytes, version) = read_component(&component, Some(&public)).unwrap();
+        assert_eq!((bytes.as_slice(), version.as_deref()), (&b"\0asm component bytes"[..], Some("1.2.0")));
         std::fs::write(&component, b"\0asm other bytes").unwrap();
+        assert!(read_component(&component, Some(&public)).unwrap_err().message().contains("other bytes"));
+        // The version altered in the file: the signature no longer verifies.
+        sign(&secret, &component, b"\0asm other bytes", "1.2.0").unwrap();
+        let sig = signature_path(&component);
+        std::fs::write(&sig, std::fs::read_to_string(&sig).unwrap().replace("1.2.0", "9.0.0")).unwrap();
         assert!(read_component(&component, Some(&public)).unwrap_err().message().contains("does not verify"));
         let other = TrustKey::parse(&keygen(&dir.path().join("other")).unwrap()).unwrap();
-        sign(&secret, &component).unwrap();
+        sign(&secret, &component, b"\0asm other bytes", "1.2.0").unwrap();
         assert!(read_component(&component, Some(&other)).unwrap_err().message().contains("does not verify"));
-        std::fs::remove_file(signature_path(&component)).unwrap();
+        // A signature of the old format (the bytes alone) is refused with the fix.
+        std::fs::write(&sig, "ab".repeat(64)).unwrap();
+        assert!(read_component(&component, Some(&public)).unwrap_err().message().contains("sign the component again"));
+        std::fs::remove_file(&sig).unwrap();
         assert!(read_component(&component, Some(&public)).unwrap_err().message().contains("cannot be read"));
         assert!(TrustKey::parse("abc").is_err());
+    }
+
+    #[test]
+    fn remembers_the_highest_version_and_refuses_a_rollback_unless_meant() {
+        let dir = tempfile::tempdir().unwrap();
+        let public = keygen(&dir.path().join("key")).unwrap();
+        let key = TrustKey::parse(&public).unwrap().remembering(dir.path(), false);
+        assert!(key.check_version("1.0.0", "1.1.0").unwrap_err().message().contains("binds version 1.0.0"));
+        key.check_version("1.2.0", "1.2.0").unwrap();
+        key.accept_version("1.2.0").unwrap();
+        key.accept_version("1.1.0").unwrap();
+        let e = key.check_version("1.1.0", "1.1.0").unwrap_err();
+        assert!(e.message().contains("older than 1.2.0") && e.message().contains("--allow-downgrade"), "{}", e.message());
+        key.check_version("1.2.0", "1.2.0").unwrap();
+        key.check_version("1.10.0", "1.10.0").unwrap();
+        let meant = TrustKey::parse(&public).unwrap().remembering(dir.path(), true);
+        meant.check_version("1.1.0", "1.1.0").unwrap();
+        meant.accept_version("1.1.0").unwrap();
+        key.check_version("1.1.0", "1.1.0").unwrap();
+        assert_eq!(std::fs::metadata(dir.path().join("trusted-versions.json")).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn compares_versions_as_semver_does() {
+        use std::cmp::Ordering::*;
+        for (a, b, o) in [("1.2.0", "1.10.0", Less), ("0.2.0-fixture", "0.1.0", Greater), ("0.2.0-fixture", "0.2.0", Less), ("1.0.0-alpha.2", "1.0.0-alpha.10", Less), ("1.0.0+b1", "1.0.0", Equal), ("2", "1.9.9", Greater)] {
+            assert_eq!(compare_versions(a, b), o, "{a} vs {b}");
+        }
     }
 
     #[test]

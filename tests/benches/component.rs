@@ -43,11 +43,11 @@ fn main() {
     println!("{:<44} {:>10.1} µs   1.00×", "native logic (baseline)", native_p50.as_secs_f64() * 1e6);
 
     for (name, options) in [
-        ("wasm, fresh instance per call", Options { pooling: false, reuse: 1, reply_cache: false }),
-        ("wasm, fresh instance, pooling allocator", Options { pooling: true, reuse: 1, reply_cache: false }),
-        ("wasm, instance reused (≤64 calls)", Options { pooling: false, reuse: 64, reply_cache: false }),
-        ("wasm, reused, reply cache (a repeated request)", Options { pooling: false, reuse: 64, reply_cache: true }),
-        ("wasm, reused, pooling allocator", Options { pooling: true, reuse: 64, reply_cache: false }),
+        ("wasm, fresh instance per call", Options { pooling: false, reuse: 1, reply_cache: false, ..Default::default() }),
+        ("wasm, fresh instance, pooling allocator", Options { pooling: true, reuse: 1, reply_cache: false, ..Default::default() }),
+        ("wasm, instance reused (≤64 calls)", Options { pooling: false, reuse: 64, reply_cache: false, ..Default::default() }),
+        ("wasm, reused, reply cache (a repeated request)", Options { pooling: false, reuse: 64, reply_cache: true, ..Default::default() }),
+        ("wasm, reused, pooling allocator", Options { pooling: true, reuse: 64, reply_cache: false, ..Default::default() }),
     ] {
         let runtime = Runtime::with_options(options).expect("runtime");
         let guest = runtime.load(&bytes, None).expect("compile");

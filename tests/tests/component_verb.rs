@@ -366,3 +366,33 @@ async fn every_import_a_call_makes_ends_with_the_calls_deadline() {
     assert!(r.unwrap_err().contains("deadline passed"), "a stalled registry held the reconcile");
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
 }
+
+#[tokio::test]
+async fn a_guest_past_the_memory_budget_is_stopped_and_the_others_keep_answering() {
+    use mesh_provisioner::runtime::{Limits, Options, Runtime};
+    // A budget below one call's own limit, so the hoarder meets the budget first, whatever the
+    // timing (`serve` itself refuses a total below --guest-memory).
+    let runtime = Runtime::with_options(Options { memory_total: 48 << 20, ..Default::default() }).unwrap();
+    let guest = runtime.load(&std::fs::read(tests::fixture("misbehave")).unwrap(), None).unwrap();
+    let limits = Limits { memory: 64 << 20, deadline: std::time::Duration::from_secs(10) };
+    let b = mesh();
+    let ask = |body: &'static [u8]| guest.handle(b.clone(), limits, "mesh-provisioner.provisioning", body, 1 << 20);
+    // Four instances kept warm.
+    for r in futures::future::join_all((0..4).map(|_| ask(br#"{"what":"registry"}"#))).await {
+        assert_eq!(r.unwrap().code, ReplyCode::Ok);
+    }
+    let warm = runtime.budget().used();
+    assert!(warm > 0, "the warm instances hold memory, counted");
+    // One guest hoards; the four others answer meanwhile.
+    let others = futures::future::join_all((0..4).map(|_| ask(br#"{"what":"registry"}"#)));
+    let (others, hoarder) = tokio::join!(others, ask(br#"{"fixture":"alloc"}"#));
+    for r in others {
+        assert_eq!(r.expect("the others answer").code, ReplyCode::Ok);
+    }
+    let stopped = hoarder.expect_err("the hoarder is stopped").message().to_string();
+    assert!(stopped.contains("memory budget of 50331648 bytes is spent"), "{stopped}");
+    // What it held is given back: the budget holds what the warm instances hold, and a fresh
+    // call has room again.
+    assert!(runtime.budget().used() <= warm, "{} bytes held after, {warm} before", runtime.budget().used());
+    assert_eq!(ask(br#"{"what":"registry"}"#).await.unwrap().code, ReplyCode::Ok);
+}

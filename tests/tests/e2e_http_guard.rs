@@ -41,6 +41,11 @@ async fn answers_only_its_own_names_closes_slow_clients_and_caps_connections() {
 
     // Its own names are answered; a foreign one (DNS rebinding) is not.
     assert_eq!(get(&format!("{url}/healthz")).await.0, 200);
+    // The guests' one memory budget is in the metrics, with what they hold of it.
+    let (_, _, metrics) = get(&format!("{url}/metrics")).await;
+    assert!(metrics.contains("mesh_provisioner_guest_memory_budget_bytes 1073741824"), "{metrics}");
+    let held: f64 = metrics.lines().find_map(|l| l.strip_prefix("mesh_provisioner_guest_memory_bytes ")).and_then(|v| v.parse().ok()).expect("the figure");
+    assert!(held > 0.0 && held < 1073741824.0, "{held}");
     for ok in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), "LOCALHOST".to_string()] {
         assert_eq!(get_as(&addr, "/api/status", &ok).await, 200, "{ok}");
     }
@@ -86,4 +91,14 @@ async fn answers_only_its_own_names_closes_slow_clients_and_caps_connections() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     host.stop().await;
+
+    // A budget that cannot hold one call is refused at start.
+    let out = tokio::process::Command::new(tests::nats::host_binary())
+        .args(["serve", "--guest-memory", "64", "--guest-memory-total", "32", "--component"])
+        .arg(tests::component_path())
+        .output()
+        .await
+        .expect("runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("--guest-memory-total (32 MiB) must hold at least one call's --guest-memory (64 MiB)"), "{said}");
 }

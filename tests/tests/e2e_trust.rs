@@ -120,9 +120,35 @@ async fn with_a_trust_key_only_signed_components_load() {
     let m = Host::info_until(&c, "a refusal", |m| m["refusals"] == "1").await;
     assert!(m["last_refusal"].as_str().unwrap().contains("does not verify"), "{m}");
     // Signed by the trusted key: swapped in (SIGHUP, the file itself being unchanged).
-    cli(&["sign", "--key", secret.to_str().unwrap(), component.to_str().unwrap()]);
+    let said = cli(&["sign", "--key", secret.to_str().unwrap(), component.to_str().unwrap()]);
+    assert!(said.contains("version 0.2.0-fixture, sha256 "), "sign says what it bound: {said}");
     host.signal("HUP");
     Host::info_until(&c, "v2 swapped in", |m| m["component_version"] == "0.2.0-fixture").await;
+
+    // The older version, signed by the trusted key all the same, copied back: a rollback,
+    // refused and counted; v2 keeps serving.
+    let old = dir.path().join("old.wasm");
+    install(&tests::component_path(), &old);
+    cli(&["sign", "--key", secret.to_str().unwrap(), old.to_str().unwrap()]);
+    std::fs::copy(dir.path().join("old.wasm.sig"), dir.path().join("guest.wasm.sig")).unwrap();
+    install(&old, &component);
+    let m = Host::info_until(&c, "the rollback refused", |m| m["refusals"] == "2").await;
+    assert!(m["last_refusal"].as_str().unwrap().contains("older than 0.2.0-fixture"), "{m}");
+    assert_eq!(m["component_version"], "0.2.0-fixture");
+    let state = host.stop().await;
+
+    // Nor at a restart on the same state directory; an operator's deliberate downgrade is a flag.
+    let out = std::process::Command::new(host_binary())
+        .args(["serve", "--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner"), "--trust-key", &public, "--component"])
+        .arg(&component)
+        .arg("--state-dir")
+        .arg(state.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("a rollback is refused"), "{said}");
+    let host = Host::start_with(&bus, state, &component, &["--trust-key", &public, "--allow-downgrade"]).await;
+    Host::info_until(&c, "the downgrade", |m| m["component_version"] != "0.2.0-fixture").await;
     host.stop().await;
 }
 

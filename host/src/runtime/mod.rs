@@ -12,7 +12,7 @@ mod bindings;
 mod cache;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +55,40 @@ pub struct Options {
     pub reuse: u32,
     /// Serve a repeated request over unchanged buckets from the reply cache (see `cache`).
     pub reply_cache: bool,
+    /// The memory all instances together may hold (pooled and in flight): one budget for the
+    /// guests, whatever each call's own limit (see [`Budget`]).
+    pub memory_total: usize,
+}
+
+/// The guests' memory budget: the linear memory every live instance of a runtime holds, kept
+/// by each store's limiter as it grows and given back when the store is dropped. A growth past
+/// the total traps the guest that asked, never another; before a fresh instance is made the
+/// pool's idle instances are let go when the budget could not hold one more.
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicUsize,
+    total: usize,
+}
+
+impl Budget {
+    /// The bytes the instances hold now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The bytes they may hold together.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Takes `bytes` if they fit.
+    fn take(&self, bytes: usize) -> bool {
+        self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(bytes).filter(|t| *t <= self.total)).is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        let _ = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(bytes)));
+    }
 }
 
 impl Default for Options {
@@ -62,7 +96,7 @@ impl Default for Options {
         // Measured (see ARCHITECTURE.md, "Benchmarks"): a reused instance costs a few
         // microseconds a call against tens for a fresh one; the guest keeps no state between
         // calls, so reuse is bounded only to cap heap growth.
-        Options { pooling: false, reuse: 64, reply_cache: true }
+        Options { pooling: false, reuse: 64, reply_cache: true, memory_total: 1 << 30 }
     }
 }
 
@@ -84,20 +118,45 @@ pub struct Ctx {
     reads: Option<Vec<cache::Read>>,
 }
 
-/// The store's memory limit, which remembers being hit so the error can say so.
+/// Which memory limit a call hit, so its error can say so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hit {
+    None,
+    /// The call's own limit.
+    Instance,
+    /// The guests' budget, of this many bytes.
+    Budget(usize),
+}
+
+/// The store's memory limit and its share of the guests' budget.
 struct Limiter {
     memory: usize,
-    hit: bool,
+    hit: Hit,
+    budget: Arc<Budget>,
+    /// What this store holds of the budget.
+    held: usize,
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        self.budget.give(self.held);
+    }
 }
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        // An error (rather than `false`) traps at once instead of letting the guest's
+        // allocator limp on.
         if desired > self.memory {
-            self.hit = true;
-            // An error (rather than `false`) traps at once instead of letting the guest's
-            // allocator limp on.
+            self.hit = Hit::Instance;
             return Err(wasmtime::Error::msg(format!("memory limit of {} bytes reached", self.memory)));
         }
+        let more = desired.saturating_sub(current);
+        if !self.budget.take(more) {
+            self.hit = Hit::Budget(self.budget.total);
+            return Err(wasmtime::Error::msg(format!("the guests' memory budget of {} bytes is spent", self.budget.total)));
+        }
+        self.held += more;
         Ok(true)
     }
 
@@ -122,6 +181,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<Ctx>>,
     options: Options,
+    budget: Arc<Budget>,
     _ticker: Arc<Ticker>,
 }
 
@@ -162,7 +222,13 @@ impl Runtime {
                 }
             })
             .map_err(|e| Error::new(ErrorKind::Config, format!("epoch thread: {e}")))?;
-        Ok(Runtime { engine, linker: Arc::new(linker), options, _ticker: Arc::new(Ticker(stop)) })
+        let budget = Arc::new(Budget { used: AtomicUsize::new(0), total: options.memory_total });
+        Ok(Runtime { engine, linker: Arc::new(linker), options, budget, _ticker: Arc::new(Ticker(stop)) })
+    }
+
+    /// The guests' memory budget, shared by every component this runtime loads.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
     }
 
     /// Compiles `bytes`, or loads the precompiled artifact cached under `cache` for the same
@@ -351,6 +417,11 @@ impl Guest {
         self.cached
     }
 
+    /// The guests' memory budget this component's instances draw on.
+    pub fn budget(&self) -> &Arc<Budget> {
+        self.runtime.budget()
+    }
+
     /// An instance for one call: a kept one if any (with the same memory limit), else a fresh
     /// one. Its deadline starts now.
     async fn checkout(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Instance> {
@@ -365,10 +436,16 @@ impl Guest {
                 i
             }
             None => {
+                let budget = self.runtime.budget.clone();
+                if budget.used().saturating_add(limits.memory) > budget.total() {
+                    // Idle instances hold memory a fresh one may need: let them go first.
+                    let idle = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
+                    drop(idle);
+                }
                 let ctx = Ctx {
                     wasi: WasiCtx::builder().build(),
                     table: ResourceTable::new(),
-                    limits: Limiter { memory: limits.memory, hit: false },
+                    limits: Limiter { memory: limits.memory, hit: Hit::None, budget, held: 0 },
                     backend,
                     calls: 0,
                     deadline: std::time::Instant::now() + limits.deadline,
@@ -562,9 +639,13 @@ impl Guest {
 }
 
 /// Names what stopped a call: the deadline, the memory limit, or another trap.
-fn call_err(limits: &Limits, memory_hit: bool, e: wasmtime::Error) -> Error {
+fn call_err(limits: &Limits, hit: Hit, e: wasmtime::Error) -> Error {
     let what = match e.downcast_ref::<Trap>() {
-        _ if memory_hit => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
+        _ if hit == Hit::Instance => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
+        _ if matches!(hit, Hit::Budget(_)) => {
+            let total = if let Hit::Budget(t) = hit { t } else { 0 };
+            format!("the guests' memory budget of {total} bytes is spent (--guest-memory-total); this call was stopped, the others go on")
+        }
         Some(Trap::Interrupt) => format!("the guest ran past its deadline of {:?}", limits.deadline),
         Some(t) => format!("the guest trapped: {t}"),
         None => format!("the guest failed: {e:#}"),
