@@ -14,7 +14,7 @@
 
 use serde_json::Value;
 
-use crate::env::{Env, HostError};
+use crate::env::{Env, Health, HostError};
 use crate::escape::{is_identifier, shorten};
 use crate::keys::{composed, parse_applied, parse_assignment, parse_composed, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
 use crate::plan;
@@ -232,8 +232,17 @@ fn summary(needs: &[&NeedStatus]) -> String {
     s.join("; ")
 }
 
+/// Each bucket's health as asked once for a whole answer: every module of a page reads the
+/// needs' and the applied records' buckets.
+type Healths = std::collections::BTreeMap<String, Result<Health, HostError>>;
+
 /// The status of `module` on `node`, checked now.
 pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, HostError> {
+    module_with(env, node, module, &mut Healths::new())
+}
+
+/// As [`module`], asking each bucket's health at most once across calls sharing `healths`.
+fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -> Result<ModuleStatus, HostError> {
     let pair = format!("{node}.{module}");
     let plan = plan::compute(env, node, module, false)?;
     let mut out_of_shape = Vec::new();
@@ -305,7 +314,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
     }
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
-    let warnings = warnings(env, node, &checked);
+    let warnings = warnings(env, node, &checked, healths);
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
             revision = revision.max(r);
@@ -558,7 +567,7 @@ fn unless_refused<T>(r: Result<T, HostError>) -> Result<Option<T>, HostError> {
 /// that put their keys at risk, a bucket not read at all (its node's compositions among them),
 /// and this module's node past its quota of one. A bucket that cannot be asked now is said by
 /// the checks that read it.
-fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus]) -> Vec<String> {
+fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healths) -> Vec<String> {
     let compositions = composed(node);
     let mut buckets: Vec<&str> = vec![NEEDS, APPLIED, &compositions];
     for n in needs {
@@ -570,7 +579,8 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus]) -> Vec<String> {
     }
     let mut out = Vec::new();
     for bucket in buckets {
-        let health = match env.health(bucket) {
+        let asked = healths.entry(bucket.to_string()).or_insert_with(|| env.health(bucket));
+        let health = match asked.clone() {
             Ok(h) => h,
             // Not read at all (its stream is not a bucket; past the host's memory budget).
             Err(HostError::Denied(why)) => {
@@ -598,8 +608,9 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     let head_len = 64;
     let (mut entries, mut shapes): (Vec<Box<RawValue>>, Vec<Box<RawValue>>) = (Vec::new(), Vec::new());
     let (mut used, mut revision, mut last, mut cut) = (0usize, 0u64, None::<String>, false);
+    let mut healths = Healths::new();
     for (n, m) in &page.pairs {
-        let s = self::module(env, n, m)?;
+        let s = module_with(env, n, m, &mut healths)?;
         let entry = raw(&Line::of(&s));
         let shape: Vec<Box<RawValue>> = s.out_of_shape.iter().map(raw).collect();
         let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();

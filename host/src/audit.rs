@@ -103,13 +103,7 @@ pub async fn audit_one(js: &async_nats::jetstream::Context, bucket: &str, mirror
                     mirror.request_rebuild();
                     return Ok(Verdict::Repaired(why));
                 }
-                Shape::Bucket { unsafe_settings } => {
-                    if mirror.set_unsafe_settings(unsafe_settings.clone()) {
-                        for why in &unsafe_settings {
-                            tracing::warn!(bucket, "bucket {bucket} {why}: `mesh-provisioner bootstrap` makes it safe");
-                        }
-                    }
-                }
+                Shape::Bucket { unsafe_settings } => crate::bucket::note_unsafe(bucket, mirror, unsafe_settings),
             }
         }
         let Some(stream) = info.map(|i| i.state) else {

@@ -47,16 +47,14 @@ impl Plan {
                 buckets.push(Spec::new(&name, "made by mesh-provisioner bootstrap", 1, options.replicas, limits));
             }
         };
-        for pattern in &plan_inputs {
-            match pattern.split_once('*') {
-                Some((head, tail)) => nodes.iter().for_each(|n| add(format!("{head}{}{tail}", n.as_ref()), per_node)),
-                None => add(pattern.clone(), options.limits),
-            }
-        }
-        for pattern in &notice_inputs {
-            match pattern.split_once('*') {
-                Some((head, tail)) => providers.iter().for_each(|p| add(format!("{head}{}{tail}", p.as_ref()), options.limits)),
-                None => add(pattern.clone(), options.limits),
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let providers: Vec<&str> = providers.iter().map(AsRef::as_ref).collect();
+        for (patterns, fills, filled_limits) in [(&plan_inputs, &nodes, per_node), (&notice_inputs, &providers, options.limits)] {
+            for pattern in patterns {
+                match pattern.split_once('*') {
+                    Some((head, tail)) => fills.iter().for_each(|f| add(format!("{head}{f}{tail}"), filled_limits)),
+                    None => add(pattern.clone(), options.limits),
+                }
             }
         }
         Ok(Plan { buckets })
@@ -135,10 +133,7 @@ pub async fn apply(js: &jetstream::Context, plan: &Plan) -> Report {
 
 async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
     let Some(info) = stream_info(js, &spec.bucket).await? else {
-        crate::bucket::bounded(|| format!("creating bucket {}", spec.bucket), async {
-            js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", spec.bucket)))
-        })
-        .await?;
+        crate::bucket::create_stream(js, spec).await?;
         return Ok(Outcome::Made);
     };
     if let Shape::Refused(why) = shape(&spec.bucket, &info.config) {

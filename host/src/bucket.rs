@@ -151,10 +151,25 @@ pub async fn stream_info(js: &jetstream::Context, bucket: &str) -> Result<Option
     .await
 }
 
+/// Logs each setting of `bucket`'s stream that puts its keys at risk, once per change of them:
+/// the one way the host says so, whoever read the stream (an open, a mirror's follower, the
+/// audit). With a mirror, they are recorded on it (status and metrics read them there).
+pub fn note_unsafe(bucket: &str, mirror: &crate::mirror::Mirror, unsafe_settings: Vec<String>) {
+    if mirror.set_unsafe_settings(unsafe_settings.clone()) {
+        warn_unsafe(bucket, &unsafe_settings);
+    }
+}
+
+fn warn_unsafe(bucket: &str, unsafe_settings: &[String]) {
+    for why in unsafe_settings {
+        tracing::warn!(bucket, "bucket {bucket} {why}: `mesh-provisioner bootstrap` makes it safe");
+    }
+}
+
 /// Opens `spec.bucket`, or creates it as `spec` says, retrying for a while: a cluster's
 /// JetStream may still be electing. A stream of that name that is not a bucket is refused
-/// (`Denied`); an unsafe one is opened, and what is unsafe logged and handed back.
-pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<(kv::Store, Vec<String>)> {
+/// (`Denied`); an unsafe one is opened, and what is unsafe logged.
+pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<kv::Store> {
     let start = Instant::now();
     loop {
         let opened = match stream_info(js, &spec.bucket).await {
@@ -171,10 +186,8 @@ pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<(kv::St
         };
         match opened {
             Ok((kv, unsafe_settings)) => {
-                for why in &unsafe_settings {
-                    tracing::warn!(bucket = spec.bucket, "bucket {} {why}: `mesh-provisioner bootstrap` makes it safe", spec.bucket);
-                }
-                return Ok((kv, unsafe_settings));
+                warn_unsafe(&spec.bucket, &unsafe_settings);
+                return Ok(kv);
             }
             Err(e) if start.elapsed() < Duration::from_secs(60) => {
                 tracing::info!(bucket = spec.bucket, "bucket not ready yet: {e}");
@@ -185,16 +198,23 @@ pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<(kv::St
     }
 }
 
-/// Creates `spec.bucket` (one attempt, under [`BUS_DEADLINE`]).
-async fn create(js: &jetstream::Context, spec: &Spec) -> Result<kv::Store> {
+/// Creates `spec.bucket`'s stream (one attempt, under [`BUS_DEADLINE`]).
+pub async fn create_stream(js: &jetstream::Context, spec: &Spec) -> Result<()> {
     let bucket = spec.bucket.as_str();
-    bounded(
-        || format!("creating bucket {bucket}"),
-        async {
-            js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))?;
-            js.get_key_value(bucket).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("opening bucket {bucket}: {e}")))
-        },
-    )
+    bounded(|| format!("creating bucket {bucket}"), async {
+        js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Creates `spec.bucket` and opens it.
+async fn create(js: &jetstream::Context, spec: &Spec) -> Result<kv::Store> {
+    create_stream(js, spec).await?;
+    let bucket = spec.bucket.as_str();
+    bounded(|| format!("opening bucket {bucket}"), async {
+        js.get_key_value(bucket).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("opening bucket {bucket}: {e}")))
+    })
     .await
 }
 
@@ -225,7 +245,7 @@ pub async fn ensure_bucket(js: &jetstream::Context, spec: &Spec) -> Result<bool>
     if stream_state(js, &spec.bucket).await?.is_some() {
         return Ok(false);
     }
-    create(js, spec).await?;
+    create_stream(js, spec).await?;
     Ok(true)
 }
 

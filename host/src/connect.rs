@@ -140,13 +140,10 @@ pub async fn options(c: &Connect, name: &str) -> Result<ConnectOptions> {
     options_for(c, login, &inbox, name).await
 }
 
-/// An inbox prefix is one or more plain subject tokens: no wildcard, no empty token.
+/// An inbox prefix is a subject of plain tokens: no wildcard, no empty token
+/// (`mirror::check_subject`).
 fn check_inbox(inbox: &str) -> Result<()> {
-    let bad = inbox.is_empty() || inbox.split('.').any(|t| t.is_empty() || t == "*" || t == ">" || t.chars().any(|c| c.is_whitespace()));
-    if bad {
-        return Err(Error::new(ErrorKind::Config, format!("--inbox-prefix {inbox:?} is not a subject of plain tokens")));
-    }
-    Ok(())
+    crate::mirror::check_subject(inbox, false).map_err(|_| Error::new(ErrorKind::Config, format!("--inbox-prefix {inbox:?} is not a subject of plain tokens")))
 }
 
 /// Connects to `url` (a comma-separated list for a cluster) with `options`.
@@ -166,6 +163,12 @@ pub async fn connect_cli(c: &Connect, name: &str) -> Result<Client> {
     }
 }
 
+/// Connect options as `user` of the embedded server that `access` records, with that user's own
+/// inbox prefix (a user it has no password for gets none, and the server refuses it).
+pub fn embedded_options(access: &Access, user: &str, name: &str) -> ConnectOptions {
+    ConnectOptions::with_user_and_password(user.into(), access.password(user).unwrap_or_default().into()).custom_inbox_prefix(inbox_of(user)).name(name)
+}
+
 /// Connects to the embedded server recorded in the state directory as `user`.
 pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Client> {
     // The record names where to send a password: trusted only from a directory no one else
@@ -173,9 +176,10 @@ pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Cli
     crate::trust::state_dir_is_private(&c.state_dir).map_err(|why| Error::new(ErrorKind::Config, why))?;
     crate::trust::owned_and_private(&Access::path(&c.state_dir)).map_err(|why| Error::new(ErrorKind::Config, format!("the embedded server's record refused: {why}")))?;
     let access = Access::load(&c.state_dir)?;
-    let password = access.password(user).ok_or_else(|| Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")))?;
-    let o = ConnectOptions::with_user_and_password(user.into(), password.into()).name(name).custom_inbox_prefix(inbox_of(user));
-    connect(&access.url, o).await
+    if access.password(user).is_none() {
+        return Err(Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")));
+    }
+    connect(&access.url, embedded_options(&access, user, name)).await
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! something real: one odd key, a planned module and one held on its kept plan.
 
 use async_nats::jetstream;
-use async_nats::ConnectOptions;
 
 use crate::embedded::Access;
 use crate::error::{Error, ErrorKind, Result};
@@ -66,9 +65,7 @@ const OWNED: &[(&str, &str, &str, &str)] = &[
 ];
 
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
-    let password = access.password(user).unwrap_or_default().to_string();
-    let client = ConnectOptions::with_user_and_password(user.into(), password)
-        .custom_inbox_prefix(crate::connect::inbox_of(user))
+    let client = crate::connect::embedded_options(access, user, "mesh-provisioner demo")
         .connect(&access.url)
         .await
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("demo: connecting as {user}: {e}")))?;

@@ -20,10 +20,9 @@
 //! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
 //! them within a budget.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -184,6 +183,14 @@ struct State {
 }
 
 impl State {
+    /// Keeps the mirror's bytes and the process's total together: `added` held now, `removed`
+    /// held no more.
+    fn account(&mut self, added: usize, removed: usize) {
+        self.bytes = self.bytes + added - removed;
+        grew(added);
+        shrank(removed);
+    }
+
     fn count(&mut self, key: &str, keys: i64, bytes: i64) {
         let Some(writers) = self.writers.as_mut() else { return };
         let writer = key.split('.').next().unwrap_or(key);
@@ -200,11 +207,10 @@ impl State {
 
     /// Empties the contents (not the revision or the flags).
     fn empty(&mut self) {
-        shrank(self.bytes);
+        self.account(0, self.bytes);
         self.entries.clear();
         self.tombstones.clear();
         self.by_token.clear();
-        self.bytes = 0;
         if let Some(w) = self.writers.as_mut() {
             w.clear();
         }
@@ -371,17 +377,11 @@ impl Mirror {
         if let Some(old) = s.entries.get_mut(key) {
             let was = old.value.len();
             *old = stored;
-            s.bytes = s.bytes + value.len() - was;
-            if value.len() >= was {
-                grew(value.len() - was);
-            } else {
-                shrank(was - value.len());
-            }
+            s.account(value.len(), was);
             s.count(key, 0, value.len() as i64 - was as i64);
             return;
         }
-        s.bytes += key.len() + value.len();
-        grew(key.len() + value.len());
+        s.account(key.len() + value.len(), 0);
         s.count(key, 1, (key.len() + value.len()) as i64);
         let key: Arc<str> = key.into();
         for index in s.by_token.iter_mut() {
@@ -396,8 +396,7 @@ impl Mirror {
         s.revision = s.revision.max(revision);
         let key = match s.entries.remove_entry(key) {
             Some((key, old)) => {
-                s.bytes -= key.len() + old.value.len();
-                shrank(key.len() + old.value.len());
+                s.account(0, key.len() + old.value.len());
                 s.count(&key, -1, -((key.len() + old.value.len()) as i64));
                 for index in s.by_token.iter_mut() {
                     index.remove(&key);
@@ -434,7 +433,8 @@ impl Mirror {
     }
 
     /// Takes the contents of `staged` (a copy built aside from the bucket, now in sync) in one
-    /// step: a reader sees the old contents or the new, never a half-built mirror.
+    /// step: a reader sees the old contents or the new, never a half-built mirror. A bucket
+    /// read in sync is no longer refused.
     pub fn adopt(&self, staged: &Mirror) {
         let new = std::mem::take(&mut *staged.write());
         let mut s = self.write();
@@ -444,6 +444,7 @@ impl Mirror {
         s.ready = true;
         drop(s);
         self.lag.store(staged.lag(), Ordering::Relaxed);
+        self.update_health(|h| h.refused = None);
         // Freeing a large old copy takes a while: not on the thread that serves.
         if old.entries.len() > 10_000 {
             std::thread::spawn(move || drop(old));

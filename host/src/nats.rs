@@ -115,7 +115,7 @@ impl NatsBackend {
         let js = jetstream::new(client.clone());
         let mut owned = owned_buckets(&options).into_iter();
         let registry = match owned.next() {
-            Some(spec) => open_bucket(&js, &spec).await?.0,
+            Some(spec) => open_bucket(&js, &spec).await?,
             None => return Err(Error::new(ErrorKind::Config, "no registry bucket")),
         };
         for spec in owned {
@@ -240,16 +240,6 @@ impl NatsBackend {
             return Err(Error::new(ErrorKind::Denied, why));
         }
         Ok(mirror)
-    }
-
-    /// What one node may hold of a node clients' bucket before it is named.
-    pub fn quota(&self) -> Quota {
-        self.options.quota
-    }
-
-    /// The mirrors' memory budget (0: none).
-    pub fn mirror_budget(&self) -> usize {
-        self.options.mirror_budget
     }
 
     /// Records the streams last found capturing the provisioner's subjects; whether that
@@ -531,14 +521,7 @@ impl Follower {
         match stream_info(&self.js, bucket).await {
             Ok(Some(info)) => match crate::bucket::shape(bucket, &info.config) {
                 Shape::Refused(why) => return Followed::Refused(why),
-                Shape::Bucket { unsafe_settings } => {
-                    for why in &unsafe_settings {
-                        if !mirror.health().unsafe_settings.contains(why) {
-                            tracing::warn!(bucket, "bucket {bucket} {why}: `mesh-provisioner bootstrap` makes it safe");
-                        }
-                    }
-                    mirror.set_unsafe_settings(unsafe_settings);
-                }
+                Shape::Bucket { unsafe_settings } => crate::bucket::note_unsafe(bucket, mirror, unsafe_settings),
             },
             Ok(None) => return Followed::Missing,
             Err(e) => return Followed::Lost(Err(e)),
@@ -566,7 +549,6 @@ impl Follower {
         let mut live = false;
         let started = Instant::now();
         if state.messages == 0 {
-            mirror.set_refused(None);
             mirror.adopt(&staged);
             live = true;
             self.changes.record(bucket, None);
@@ -612,7 +594,6 @@ impl Follower {
                 self.changes.record(bucket, Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
-                mirror.set_refused(None);
                 mirror.adopt(&staged);
                 live = true;
                 self.changes.record(bucket, None);

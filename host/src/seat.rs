@@ -46,7 +46,7 @@ impl Seat {
     /// Opens (or creates) the seat bucket for `ttl`.
     pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
         let config = seat_bucket(ttl, replicas);
-        let (kv, _) = crate::bucket::open_bucket(js, &config).await?;
+        let kv = crate::bucket::open_bucket(js, &config).await?;
         // The bucket was created by whoever came first, perhaps with a shorter TTL: its max age
         // expires a lease that is not renewed within it, so this instance may hold no longer.
         let max_age = match kv.status().await {

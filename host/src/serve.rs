@@ -56,10 +56,7 @@ pub async fn run(args: Serve) -> Result<()> {
         // The embedded default is its own operator: every bucket of the example mesh made
         // with the safe settings before anything writes.
         let access = &server.access;
-        let operator = async_nats::ConnectOptions::with_user_and_password(OPERATOR_USER.into(), access.password(OPERATOR_USER).unwrap_or_default().into())
-            .custom_inbox_prefix(connect::inbox_of(OPERATOR_USER))
-            .name("mesh-provisioner bootstrap");
-        let operator = connect::connect(&access.url, operator).await?;
+        let operator = connect::connect(&access.url, connect::embedded_options(access, OPERATOR_USER, "mesh-provisioner bootstrap")).await?;
         let plan = crate::bootstrap::Plan::of(&current.get().guest, &embedded::EXAMPLE_NODES, &embedded::EXAMPLE_PROVIDERS, args.buckets, limits).await?;
         let report = crate::bootstrap::apply(&async_nats::jetstream::new(operator.clone()), &plan).await;
         let _ = operator.drain().await;
@@ -150,13 +147,8 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
         state.display()
     );
-    let as_user = |user: &str, name: &str| {
-        async_nats::ConnectOptions::with_user_and_password(user.into(), access.password(user).unwrap_or_default().into())
-            .custom_inbox_prefix(connect::inbox_of(user))
-            .name(name)
-    };
-    let client = connect::connect(&access.url, as_user(PROVISIONER_USER, "mesh-provisioner").event_callback(on_event)).await?;
-    let service = connect::connect(&access.url, as_user(SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
+    let client = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner").event_callback(on_event)).await?;
+    let service = connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
     Ok((Bus { client, service }, Some(server), events))
 }
 

@@ -55,14 +55,13 @@ struct Stats {
 /// Most requesters whose refused reply subjects are logged; past them refusals are counted only.
 const REFUSALS_LOGGED: usize = 1024;
 
-/// Whether a reply may go to `subject`: an inbox (first token `_INBOX` or `_INBOX_<…>`), plain
-/// tokens only. Nothing the provisioner publishes on otherwise starts so.
+/// Whether a reply may go to `subject`: an inbox (first token `_INBOX` or `_INBOX_<…>`), a
+/// subject with no wildcard (`mirror::check_subject`). Nothing the provisioner publishes on
+/// otherwise starts so.
 pub fn is_inbox(subject: &str) -> bool {
-    let mut tokens = subject.split('.');
-    let first_ok = tokens.next().is_some_and(|t| t == "_INBOX" || (t.starts_with("_INBOX_") && t.len() > "_INBOX_".len()));
-    first_ok
-        && subject.len() <= crate::mirror::MAX_SUBJECT
-        && subject.split('.').all(|t| !t.is_empty() && t != "*" && t != ">" && !t.chars().any(|c| c.is_whitespace() || c.is_control()))
+    let first = subject.split('.').next().unwrap_or_default();
+    let inbox = first == "_INBOX" || (first.starts_with("_INBOX_") && first.len() > "_INBOX_".len());
+    inbox && crate::mirror::check_subject(subject, false).is_ok()
 }
 
 /// Who a refused reply subject points at, for logging once per requester: the subject without
@@ -183,17 +182,17 @@ impl Micro {
         }
         let name = endpoint.and_then(|e| ENDPOINTS.get(e)).map_or("$SRV", |e| e.0);
         crate::metrics::metrics().refused_reply(name);
-        match endpoint {
-            Some(e) => {
-                let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(s) = all.get_mut(e) {
-                    s.refused_replies += 1;
-                }
+        if let Some(e) = endpoint {
+            let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = all.get_mut(e) {
+                s.refused_replies += 1;
             }
-            None => self.refusals.lock().unwrap_or_else(|p| p.into_inner()).1 += 1,
         }
         let requester = requester_of(reply);
         let mut logged = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if endpoint.is_none() {
+            logged.1 += 1;
+        }
         if logged.0.len() < REFUSALS_LOGGED && logged.0.insert(requester.to_string()) {
             let shown: String = reply.chars().take(256).collect();
             tracing::warn!(endpoint = name, reply = shown, "a request asked for its reply on a subject that is not an inbox: not answered (further ones from {requester:?} are counted, not logged)");

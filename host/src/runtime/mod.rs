@@ -640,15 +640,12 @@ impl Guest {
 
 /// Names what stopped a call: the deadline, the memory limit, or another trap.
 fn call_err(limits: &Limits, hit: Hit, e: wasmtime::Error) -> Error {
-    let what = match e.downcast_ref::<Trap>() {
-        _ if hit == Hit::Instance => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
-        _ if matches!(hit, Hit::Budget(_)) => {
-            let total = if let Hit::Budget(t) = hit { t } else { 0 };
-            format!("the guests' memory budget of {total} bytes is spent (--guest-memory-total); this call was stopped, the others go on")
-        }
-        Some(Trap::Interrupt) => format!("the guest ran past its deadline of {:?}", limits.deadline),
-        Some(t) => format!("the guest trapped: {t}"),
-        None => format!("the guest failed: {e:#}"),
+    let what = match (hit, e.downcast_ref::<Trap>()) {
+        (Hit::Instance, _) => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
+        (Hit::Budget(total), _) => format!("the guests' memory budget of {total} bytes is spent (--guest-memory-total); this call was stopped, the others go on"),
+        (Hit::None, Some(Trap::Interrupt)) => format!("the guest ran past its deadline of {:?}", limits.deadline),
+        (Hit::None, Some(t)) => format!("the guest trapped: {t}"),
+        (Hit::None, None) => format!("the guest failed: {e:#}"),
     };
     Error::new(ErrorKind::Guest, what)
 }
