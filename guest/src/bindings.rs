@@ -159,6 +159,24 @@ impl api::Guest for Component {
             rest: rest.into_iter().map(|e| api::ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
         })
     }
+
+    fn status_inputs() -> Vec<String> {
+        crate::transitions::inputs()
+    }
+
+    fn transitions(changes: Vec<api::Change>, now: String) -> Result<api::TransitionReport, types::HostError> {
+        let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
+        let r = crate::transitions::transitions(&Imports, &changes, &now).map_err(wit_error)?;
+        Ok(api::TransitionReport {
+            computed: r.computed,
+            transitions: r
+                .transitions
+                .into_iter()
+                .map(|t| api::Transition { key: t.key, value: t.value, expected: t.expected, node: t.node, state: t.state.to_string(), event: t.event })
+                .collect(),
+            rest: r.rest.into_iter().map(|(bucket, key)| api::Change { bucket, key }).collect(),
+        })
+    }
 }
 
 export!(Component);

@@ -79,7 +79,7 @@ pub(crate) fn generation(check: &Check, record: Option<&Applied>, value: &str) -
     };
     match (check, now, applied) {
         (Check::Answered { .. }, ..) => g(Currency::Unknown, None, "a verb answers it: there is no revision to compare".into()),
-        (Check::NoProvider | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
+        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
             g(Currency::Unknown, applied, format!("its place cannot be read now ({})", check.name()))
         }
         (_, Some(_), None) | (_, None, None) => g(Currency::Unknown, None, not_named()),
@@ -124,7 +124,7 @@ fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recor
     };
     let record = env.get(APPLIED, &format!("{node}.{module}"))?.map(|e| applied_record(&e.value));
     let need = Need { kind: kind.into(), name: name.into(), part };
-    let (place, check, _) = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()));
+    let status::Checked { place, check, .. } = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()));
     if check == Check::NotInstalled {
         return Ok(None);
     }

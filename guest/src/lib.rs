@@ -16,11 +16,13 @@ pub mod holders;
 pub mod keys;
 pub mod plan;
 pub mod provision;
+pub mod record;
 pub mod reconcile;
 pub mod refresh;
 pub mod registry;
 pub mod request;
 pub mod status;
+pub mod transitions;
 pub mod value;
 pub mod verb;
 
@@ -40,4 +42,4 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[cfg(feature = "fixture-v2")]
 pub const VERSION: &str = "0.2.0-fixture";
 /// The WIT package this guest implements.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.5.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.6.0";

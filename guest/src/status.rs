@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::env::{Env, Health, HostError};
 use crate::escape::{is_identifier, shorten};
+use crate::registry;
 use crate::keys::{composed, parse_applied, parse_assignment, parse_composed, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
 use crate::plan;
 use crate::provision::{self, Need, Resolved};
@@ -42,6 +43,9 @@ pub enum Check {
     Collected { items: usize, revision: u64 },
     Answered { responders: u32 },
     Missing,
+    /// The provider is assigned to a node but applied on none of them (or, for a verb, not yet
+    /// answering discovery): the value will come; `node` is the one waited for.
+    ProviderPending { node: String },
     NoProvider,
     Unanswered,
     NotInstalled,
@@ -55,6 +59,7 @@ impl Check {
             Check::Answered { .. } => "answered",
             Check::Stale { .. } => "stale",
             Check::Missing => "missing",
+            Check::ProviderPending { .. } => "provider_pending",
             Check::NoProvider => "no_provider",
             Check::Unanswered => "unanswered",
             Check::NotInstalled => "not_installed",
@@ -84,6 +89,68 @@ pub struct NeedStatus {
     pub reason: String,
     /// For a bucket answer: whether the module runs the value at its place now (SPEC §7.2).
     pub generation: Option<crate::holders::Currency>,
+    /// The module that provides the value, where one does (SPEC §7.3).
+    pub provider: Option<Provider>,
+}
+
+/// A module that provides values (a `bound` provider, a verb's service), where the controller
+/// assigned it, and whether it is applied on each of those nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Provider {
+    pub module: String,
+    pub nodes: Vec<ProviderNode>,
+    /// Nodes assigned past the [`MAX_PROVIDER_NODES`] listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub more_nodes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// One node a provider is assigned to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProviderNode {
+    pub node: String,
+    pub applied: bool,
+}
+
+/// Most nodes of a provider a need lists (a provider may run on every node of a mesh).
+pub const MAX_PROVIDER_NODES: usize = 16;
+
+impl Provider {
+    /// The first node it is applied on, if any.
+    fn applied_on(&self) -> Option<&str> {
+        self.nodes.iter().find(|n| n.applied).map(|n| n.node.as_str())
+    }
+
+    /// The nodes listed, as `a, b (and 3 more)`.
+    fn listed(&self) -> String {
+        let mut s = self.nodes.iter().map(|n| n.node.as_str()).collect::<Vec<_>>().join(", ");
+        if self.more_nodes > 0 {
+            s.push_str(&format!(" (and {} more)", self.more_nodes));
+        }
+        s
+    }
+}
+
+/// Where `module` is assigned (the controller's `<node>.<module>` keys) and whether it is
+/// applied there. Every assigned node is looked at, so "applied somewhere" is never missed past
+/// the listed ones: an applied node is listed first.
+pub(crate) fn provider(env: &dyn Env, module: &str) -> Result<Provider, HostError> {
+    let mut nodes = Vec::new();
+    if is_identifier(module) {
+        for e in scan_all(env, ASSIGNMENTS, &format!("*.{module}"))? {
+            let Ok(k) = parse_assignment(&e.key) else { continue };
+            let applied = env.get(APPLIED, &e.key)?.is_some();
+            nodes.push(ProviderNode { node: k.node, applied });
+        }
+    }
+    // Applied ones first, each group in key order, so a cut keeps the one that answers.
+    nodes.sort_by_key(|n| !n.applied);
+    let more_nodes = nodes.len().saturating_sub(MAX_PROVIDER_NODES);
+    nodes.truncate(MAX_PROVIDER_NODES);
+    Ok(Provider { module: module.to_string(), nodes, more_nodes })
 }
 
 /// A module's state (SPEC §7.1).
@@ -129,6 +196,9 @@ pub struct ModuleStatus {
     pub applied_at: Option<String>,
     pub state: State,
     pub reason: String,
+    /// Since when it has been in `state`, as the seat's holder recorded it (SPEC §7.3); `None`
+    /// until the holder records this state.
+    pub since: Option<String>,
     pub needs: Vec<NeedStatus>,
     pub out_of_shape: Vec<OutOfShape>,
     /// What is wrong with the buckets its status read (unsafe settings, its node past its
@@ -170,29 +240,81 @@ pub(crate) fn applied_record(value: &[u8]) -> Applied {
     Applied { build: text("build"), needs: v.get("needs").and_then(Value::as_u64), at: text("at"), parts, values, odd: None }
 }
 
+/// What one need's check found: where its value is, the check, why, and its provider.
+pub(crate) struct Checked {
+    pub place: Place,
+    pub check: Check,
+    pub reason: String,
+    pub provider: Option<Provider>,
+}
+
 /// Checks one need of `module` on `node` now; `applied` is the applied record's revisions, by
 /// `<kind>:<name>`.
-pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> (Place, Check, String) {
+///
+/// A need with a provider module (a `bound` value's provider, a verb's service) is checked
+/// against the provider first (SPEC §7.3): assigned nowhere is `no_provider` (nothing will
+/// come); assigned but applied nowhere (a verb: not answering discovery) is `provider_pending`,
+/// naming the node waited for; only then is the value itself read.
+pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> Checked {
+    let plain = |place, check, reason| Checked { place, check, reason, provider: None };
     if let (Some(part), Some(parts)) = (&need.part, parts) {
         if !parts.iter().any(|p| p == part) {
             let why = format!("part {part} is not installed on {node} (the applied record lists {})", parts.join(", "));
-            return (Place::Nowhere, Check::NotInstalled, why);
+            return plain(Place::Nowhere, Check::NotInstalled, why);
         }
     }
     match provision::resolve(node, module, need) {
-        Resolved::Unanswered(why) => (Place::Nowhere, Check::Unanswered, why),
-        Resolved::Malformed(why) => (Place::Nowhere, Check::Unanswered, format!("no domain can answer it: {why}")),
+        Resolved::Unanswered(why) => plain(Place::Nowhere, Check::Unanswered, why),
+        Resolved::Malformed(why) => plain(Place::Nowhere, Check::Unanswered, format!("no domain can answer it: {why}")),
         Resolved::Verb { domain, verb } => {
             let place = Place::Verb { domain: domain.to_string(), verb: verb.to_string() };
-            match env.responders(domain) {
-                Ok(0) => (place, Check::NoProvider, format!("no instance of {domain} answers discovery ($SRV.PING.{domain})")),
-                Ok(n) => (place, Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
-                Err(e) => (place, Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
-            }
+            let assigned = provider(env, domain);
+            let (check, why) = match (env.responders(domain), &assigned) {
+                (Ok(n), _) if n > 0 => (Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
+                (Err(e), _) => (Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
+                (Ok(_), Err(e)) => (Check::Unknown, format!("no instance of {domain} answers discovery, and its assignments could not be read now: {e}")),
+                (Ok(_), Ok(p)) => match p.nodes.first() {
+                    None => (Check::NoProvider, format!("no instance of {domain} answers discovery ($SRV.PING.{domain}) and no node is assigned {domain}")),
+                    Some(first) => {
+                        let waited = p.nodes.iter().find(|n| !n.applied).unwrap_or(first).node.clone();
+                        let why = format!("{domain} is assigned to {} but no instance answers discovery yet: waiting for {domain} on {waited}", p.listed());
+                        (Check::ProviderPending { node: waited }, why)
+                    }
+                },
+            };
+            // A service run outside the modules (assigned nowhere, answering) names no provider.
+            let provider = assigned.ok().filter(|p| !p.nodes.is_empty());
+            Checked { place, check, reason: why, provider }
         }
         Resolved::Bucket { domain, bucket, place, wild, .. } => {
+            // A value a provider module writes: nothing will come unless it is assigned, and
+            // nothing yet until it is applied somewhere.
+            let provided = registry::lookup(&need.kind).is_some_and(|d| d.owner == "<provider>");
+            let mut provided_by = None;
+            if provided {
+                match provider(env, &domain) {
+                    Err(e) => {
+                        let why = format!("the assignments of provider {domain} could not be read now: {e}");
+                        return plain(Place::Bucket { domain, bucket, place, filter: wild }, Check::Unknown, why);
+                    }
+                    Ok(p) if p.nodes.is_empty() => {
+                        let why = format!("no node is assigned provider {domain} ({ASSIGNMENTS} has no *.{domain}): nothing will write {bucket}");
+                        return Checked { place: Place::Bucket { domain, bucket, place, filter: wild }, check: Check::NoProvider, reason: why, provider: Some(p) };
+                    }
+                    Ok(p) if p.applied_on().is_none() => {
+                        let waited = p.nodes[0].node.clone();
+                        let why = format!("provider {domain} is assigned to {} and applied on none yet: waiting for {domain} on {waited}", p.listed());
+                        return Checked { place: Place::Bucket { domain, bucket, place, filter: wild }, check: Check::ProviderPending { node: waited }, reason: why, provider: Some(p) };
+                    }
+                    Ok(p) => provided_by = Some(p),
+                }
+            }
             let (check, why) = match env.exists(&bucket) {
                 Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
+                Ok(false) if provided => {
+                    let on = provided_by.as_ref().and_then(|p| p.applied_on()).unwrap_or_default().to_string();
+                    (Check::Missing, format!("bucket {bucket} does not exist yet: provider {domain} is applied on {on} and has written nothing"))
+                }
                 Ok(false) => (Check::NoProvider, format!("bucket {bucket} does not exist: {domain} is not installed")),
                 Ok(true) if wild => match scan_all(env, &bucket, &place) {
                     Ok(items) => {
@@ -217,7 +339,7 @@ pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts:
                     Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
                 },
             };
-            (Place::Bucket { domain, bucket, place, filter: wild }, check, why)
+            Checked { place: Place::Bucket { domain, bucket, place, filter: wild }, check, reason: why, provider: provided_by }
         }
     }
 }
@@ -293,10 +415,10 @@ fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -
     let mut checked: Vec<NeedStatus> = needs
         .into_iter()
         .map(|(need, recorded, planned)| {
-            let (place, check, reason) = check(env, node, module, &need, parts, values);
+            let Checked { place, check, reason, provider } = check(env, node, module, &need, parts, values);
             let generation = matches!(place, Place::Bucket { .. })
                 .then(|| crate::holders::generation(&check, record.as_ref(), &format!("{}:{}", need.kind, need.name)).currency);
-            NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason, generation }
+            NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason, generation, provider }
         })
         .collect();
     for why in unreadable {
@@ -310,10 +432,12 @@ fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -
             check: Check::Unanswered,
             reason: format!("the plan lists a need that cannot be read: {why}"),
             generation: None,
+            provider: None,
         });
     }
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
+    let since = crate::record::since(env, node, module, state.name());
     let warnings = warnings(env, node, &checked, healths);
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
@@ -328,6 +452,7 @@ fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -
         applied_at: record.as_ref().and_then(|r| r.at.clone()),
         state,
         reason,
+        since,
         needs: checked,
         out_of_shape,
         warnings,
@@ -343,6 +468,11 @@ fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>,
     let blocked = with(|c| matches!(c, Check::Unanswered | Check::NoProvider));
     if !blocked.is_empty() {
         return (State::Blocked, format!("{} need(s) cannot be satisfied now: {}", blocked.len(), summary(&blocked)));
+    }
+    let waiting = with(|c| matches!(c, Check::ProviderPending { .. }));
+    if !waiting.is_empty() {
+        // Each need's reason names the provider and the node it waits for.
+        return (State::Pending, format!("{} need(s) wait for a provider: {}", waiting.len(), summary(&waiting)));
     }
     let unknown = with(|c| *c == Check::Unknown);
     let unknown_note = if unknown.is_empty() { String::new() } else { format!("; {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)) };
@@ -472,6 +602,23 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
     Ok(Source { found, horizon })
 }
 
+/// Whether any source knows `module` on `node`: its assignment, applied record, needs, or its
+/// node engine's compositions.
+pub(crate) fn known(env: &dyn Env, node: &str, module: &str) -> Result<bool, HostError> {
+    let key = format!("{node}.{module}");
+    Ok(env.get(ASSIGNMENTS, &key)?.is_some()
+        || env.get(APPLIED, &key)?.is_some()
+        || any(env, NEEDS, &format!("{key}.>"))?
+        || unless_refused(any(env, &composed(node), &format!("{module}.*")))?.unwrap_or(false))
+}
+
+/// The modules of the whole mesh after `after`, at most `limit`, in status order; and whether
+/// more follow.
+pub(crate) fn page(env: &dyn Env, after: Option<&str>, limit: u32) -> Result<(Vec<Pair>, bool), HostError> {
+    let m = modules(env, None, None, after, limit)?;
+    Ok((m.pairs, m.more))
+}
+
 fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32) -> Result<Modules, HostError> {
     if let (Some(n), Some(m)) = (node, module) {
         // One module: listed when any source knows it.
@@ -480,11 +627,8 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         if after.is_some_and(|a| key.as_str() <= a) {
             return Ok(Modules { pairs: vec![], more: false });
         }
-        let known = env.get(ASSIGNMENTS, &key)?.is_some()
-            || env.get(APPLIED, &key)?.is_some()
-            || any(env, NEEDS, &format!("{key}.>"))?
-            || unless_refused(any(env, &composed(n), &format!("{m}.*")))?.unwrap_or(false);
-        return Ok(Modules { pairs: if known { vec![pair] } else { vec![] }, more: false });
+        let pairs = if known(env, n, m)? { vec![pair] } else { vec![] };
+        return Ok(Modules { pairs, more: false });
     }
     let tokens = |rest: &str| match (node, module) {
         (Some(n), _) => format!("{n}.*{rest}"),
@@ -652,6 +796,8 @@ struct Line<'a> {
     state: &'static str,
     reason: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     want: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     have: Option<&'a str>,
@@ -669,6 +815,7 @@ impl<'a> Line<'a> {
             module: &s.module,
             state: s.state.name(),
             reason: &s.reason,
+            since: s.since.as_deref(),
             want: s.want.as_deref(),
             have: s.have.as_deref(),
             applied_at: s.applied_at.as_deref(),
@@ -694,6 +841,8 @@ struct NeedLine<'a> {
     #[serde(flatten)]
     found: &'a Check,
     reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider: Option<&'a Provider>,
 }
 
 impl<'a> NeedLine<'a> {
@@ -708,6 +857,7 @@ impl<'a> NeedLine<'a> {
             generation: n.generation.map(|g| g.name()),
             found: &n.check,
             reason: &n.reason,
+            provider: n.provider.as_ref(),
         }
     }
 }

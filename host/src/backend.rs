@@ -14,6 +14,9 @@ use crate::mirror::Mirror;
 
 /// The bucket the registry writer addresses; the only bucket the guest can write.
 pub const REGISTRY_BUCKET: &str = "mesh-provisioner_registry";
+/// The bucket of each module's recorded state and since when (SPEC §7.3): written by the seat's
+/// holder with the bytes the guest's `transitions` decided, read by the guest as any bucket.
+pub const STATES_BUCKET: &str = "mesh-provisioner_states";
 
 pub trait Backend: Send + Sync + 'static {
     /// The mirror of `bucket`, started on first use and in sync when returned.

@@ -242,6 +242,11 @@ pub struct Serve {
     /// differ); also done after every reconnect.
     #[arg(long, env = "MESH_PROVISIONER_AUDIT_EVERY", default_value = "1m", value_parser = parse_duration)]
     pub audit_every: Duration,
+    /// How often every module's state is found again while holding the seat (a verb's service
+    /// starting or stopping changes no bucket); changes of the buckets are followed as they
+    /// come. A sweep never takes more than about half of a core, however large the mesh.
+    #[arg(long, env = "MESH_PROVISIONER_STATE_SWEEP_EVERY", default_value = "15s", value_parser = parse_duration)]
+    pub state_sweep_every: Duration,
     /// Wall time one guest call may take.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_DEADLINE", default_value = "2s", value_parser = parse_duration)]
     pub guest_deadline: Duration,
@@ -355,11 +360,17 @@ pub struct Query {
     /// With `status`: one line per need, with its check and place.
     #[arg(long)]
     pub needs: bool,
-    /// Ask again every `--every` and redraw whenever the answer changes (every page), until
-    /// interrupted: a view an operator can leave open.
+    /// With `status`: only modules that have been in their state for at least this long (e.g.
+    /// 10m, 1h): what has been stuck, not what is moving.
+    #[arg(long, value_parser = parse_duration)]
+    pub since: Option<Duration>,
+    /// Redraw whenever the answer changes (every page), until interrupted: a view an operator
+    /// can leave open. `status` follows the state changes the server publishes
+    /// (`mesh-provisioner.event.<node>`, or every node's) and asks again when one comes; the
+    /// other answers are asked again every `--every`.
     #[arg(long)]
     pub watch: bool,
-    /// How often `--watch` asks.
+    /// How often `--watch` asks (for `status`: at the longest, when no change came).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub every: Duration,
     #[arg(long, default_value = "5s", value_parser = parse_duration)]

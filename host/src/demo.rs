@@ -62,6 +62,9 @@ const OWNED: &[(&str, &str, &str, &str)] = &[
     ("mesh-controller", "mesh-controller_assignments", "alpha.app", r#"{"want":"b7"}"#),
     ("mesh-indexer", "mesh-indexer_builds", "app", r#"{"newest":"b7"}"#),
     ("mesh-controller", "mesh-controller_assignments", "beta.web", r#"{"want":"w4"}"#),
+    // The provider of alpha/app's bound value runs on gamma (SPEC §7.3).
+    ("mesh-controller", "mesh-controller_assignments", "gamma.postgres", r#"{"want":"p1"}"#),
+    ("node-gamma", "mesh-provisioner_applied", "gamma.postgres", r#"{"build":"p1","needs":0,"at":"2026-11-30T09:00:00Z"}"#),
 ];
 
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {

@@ -102,3 +102,10 @@ impl Events {
         }
     }
 }
+
+/// `<prefix><node>`, if `node` is one subject token: a node the guest names can never widen a
+/// publish past its own subject (no `.`, `*`, `>`, space or control byte).
+pub fn node_subject(prefix: &str, node: &str) -> Option<String> {
+    let ok = !node.is_empty() && node.len() <= 256 && node.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'.' | b'*' | b'>'));
+    ok.then(|| format!("{prefix}{node}"))
+}

@@ -35,8 +35,9 @@ pub mod seat;
 pub mod secrets;
 pub mod serve;
 pub mod service;
+pub mod states;
 pub mod trust;
 pub mod verify;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.5.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.6.0";

@@ -107,6 +107,10 @@ pub struct Metrics {
     pub mirrors_budget: Gauge,
     pub guest_memory: Gauge,
     pub guest_memory_budget: Gauge,
+    pub state_events: Family<State, Counter>,
+    pub state_records: Counter,
+    pub state_conflicts: Counter,
+    pub state_sweeps: Counter,
 }
 
 /// The process's metrics, made on first use.
@@ -149,6 +153,10 @@ impl Metrics {
             mirrors_budget: Gauge::default(),
             guest_memory: Gauge::default(),
             guest_memory_budget: Gauge::default(),
+            state_events: Family::default(),
+            state_records: Counter::default(),
+            state_conflicts: Counter::default(),
+            state_sweeps: Counter::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -182,6 +190,10 @@ impl Metrics {
         registry.register("mirrors_memory_budget_bytes", "The mirrors' memory budget (0: none)", m.mirrors_budget.clone());
         registry.register("guest_memory_bytes", "Linear memory all guest instances hold (kept for reuse and in flight)", m.guest_memory.clone());
         registry.register("guest_memory_budget_bytes", "The guests' memory budget (--guest-memory-total)", m.guest_memory_budget.clone());
+        registry.register("state_events", "Module state changes published on mesh-provisioner.event.<node>, by the state entered", m.state_events.clone());
+        registry.register("state_records", "Module state records written (a change, or a module first seen)", m.state_records.clone());
+        registry.register("state_record_conflicts", "State records whose compare-and-set lost (found again, nothing published)", m.state_conflicts.clone());
+        registry.register("state_sweeps", "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)", m.state_sweeps.clone());
         Metrics { registry, ..m }
     }
 

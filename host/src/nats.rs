@@ -16,7 +16,7 @@ use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET};
+use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET, STATES_BUCKET};
 use crate::bucket::{bounded, ensure_bucket, open_bucket, stream_info, Limits, Shape, Spec};
 use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
@@ -89,6 +89,8 @@ pub struct NatsBackend {
     pings: std::sync::atomic::AtomicU64,
     js: jetstream::Context,
     registry: kv::Store,
+    /// Each module's recorded state (written only by `write_state`, while the seat is held).
+    states: kv::Store,
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
     /// The buckets on the bus, as last listed, and when. A bucket not on the bus reads as
     /// empty and is never mirrored: a request naming buckets nobody made costs no mirror, and
@@ -105,6 +107,8 @@ pub struct NatsBackend {
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
     changes: Arc<Changes>,
+    /// The changes of the buckets a module's state depends on (`status-inputs`).
+    state_changes: Arc<Changes>,
     events: Arc<crate::events::Events>,
     kept: KeptPlans,
 }
@@ -113,14 +117,18 @@ impl NatsBackend {
     /// Opens (or creates) the provisioner's buckets as `options` say; plans are kept by `kept`.
     pub async fn open(client: Client, options: Options, kept: KeptPlans) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
-        let mut owned = owned_buckets(&options).into_iter();
-        let registry = match owned.next() {
-            Some(spec) => open_bucket(&js, &spec).await?,
-            None => return Err(Error::new(ErrorKind::Config, "no registry bucket")),
-        };
-        for spec in owned {
-            open_bucket(&js, &spec).await?;
+        let (mut registry, mut states) = (None, None);
+        for spec in owned_buckets(&options) {
+            let store = open_bucket(&js, &spec).await?;
+            match spec.bucket.as_str() {
+                REGISTRY_BUCKET => registry = Some(store),
+                STATES_BUCKET => states = Some(store),
+                _ => {}
+            }
         }
+        let (Some(registry), Some(states)) = (registry, states) else {
+            return Err(Error::new(ErrorKind::Config, "the registry and states buckets are not among the owned buckets"));
+        };
         Ok(Arc::new(NatsBackend {
             options,
             client,
@@ -128,6 +136,7 @@ impl NatsBackend {
             pings: Default::default(),
             js,
             registry,
+            states,
             mirrors: Default::default(),
             names: Default::default(),
             captured: Default::default(),
@@ -135,6 +144,7 @@ impl NatsBackend {
             seat: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
+            state_changes: Arc::new(Changes::new()),
             events: Arc::new(crate::events::Events::new()),
             kept,
         }))
@@ -166,6 +176,29 @@ impl NatsBackend {
     /// The changes the mirrors have seen of the buckets plans depend on.
     pub fn changes(&self) -> &Arc<Changes> {
         &self.changes
+    }
+
+    /// The changes the mirrors have seen of the buckets a module's state depends on.
+    pub fn state_changes(&self) -> &Arc<Changes> {
+        &self.state_changes
+    }
+
+    /// Writes a module's state record as the guest decided it: compare-and-set on `expected`
+    /// (0: none may exist), an empty `value` deletes it. Only while the seat is held; the
+    /// mirror is waited for (briefly) so the next decision reads this write.
+    pub async fn write_state(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<()> {
+        self.check_writable()?;
+        crate::mirror::check_subject(key, false)?;
+        let rev = bounded(|| format!("writing state record {key}"), async {
+            match (value.is_empty(), expected) {
+                (true, _) => self.states.delete_expect_revision(key, Some(expected)).await.map(|()| 0).map_err(|e| update_err("state record delete", e)),
+                (false, 0) => self.states.create(key, value.into()).await.map_err(|e| create_err("state record create", e)),
+                (false, _) => self.states.update(key, value.into(), expected).await.map_err(|e| update_err("state record write", e)),
+            }
+        })
+        .await?;
+        self.settle(STATES_BUCKET, rev).await;
+        Ok(())
     }
 
     /// The live changes of the buckets notices come from.
@@ -219,6 +252,7 @@ impl NatsBackend {
                             bucket: bucket.to_string(),
                             mirror: m.clone(),
                             changes: self.changes.clone(),
+                            state_changes: self.state_changes.clone(),
                             events: self.events.clone(),
                             mirrors: self.mirrors.clone(),
                         };
@@ -343,10 +377,10 @@ impl NatsBackend {
         Ok(out)
     }
 
-    /// Waits (briefly) until the registry mirror shows `revision`, so a reconcile right after
-    /// a write reads its own write.
-    async fn settle(&self, revision: u64) {
-        if let Ok(m) = self.mirror_of(REGISTRY_BUCKET).await {
+    /// Waits (briefly) until the mirror of `bucket` shows `revision`, so a reconcile (or the
+    /// next state decision) right after a write reads its own write.
+    async fn settle(&self, bucket: &str, revision: u64) {
+        if let Ok(m) = self.mirror_of(bucket).await {
             let start = Instant::now();
             while m.revision() < revision && start.elapsed() < Duration::from_secs(2) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -407,7 +441,10 @@ pub const CAPTURED_NEVER: [&str; 2] = ["mesh-provisioner.>", "$SRV.>"];
 pub fn owned_buckets(options: &Options) -> Vec<Spec> {
     // A few dozen kinds of a few hundred bytes each, five revisions kept.
     let registry = Limits { max_bytes: 16 << 20, max_value: Limits::DEFAULT_MAX_VALUE };
-    let mut all = vec![Spec::new(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, options.replicas, registry)];
+    let mut all = vec![
+        Spec::new(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, options.replicas, registry),
+        Spec::new(STATES_BUCKET, "mesh-provisioner: each module's state and since when", 1, options.replicas, options.limits),
+    ];
     all.extend(CLIENT_BUCKETS.iter().map(|b| Spec::new(b, "written by each node's provisioner client", 1, options.replicas, options.limits)));
     all
 }
@@ -430,12 +467,19 @@ struct Follower {
     bucket: String,
     mirror: Arc<Mirror>,
     changes: Arc<Changes>,
+    state_changes: Arc<Changes>,
     events: Arc<crate::events::Events>,
     /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
 }
 
 impl Follower {
+    /// Offers a change (`None`: the whole bucket) to the plans and the states that follow it.
+    fn record(&self, key: Option<&str>) {
+        self.changes.record(&self.bucket, key);
+        self.state_changes.record(&self.bucket, key);
+    }
+
     /// Follows the bucket, resyncing from scratch whenever the watch ends, and looking again
     /// every [`MISSING_POLL`] for a bucket that does not exist.
     async fn run(self, mut resync: tokio::sync::watch::Receiver<u64>) {
@@ -466,7 +510,7 @@ impl Follower {
                 Followed::Refused(why) => {
                     if self.mirror.set_refused(Some(why.clone())) {
                         tracing::error!(bucket = self.bucket, "bucket refused: {why}");
-                        self.changes.record(&self.bucket, None);
+                        self.record(None);
                     }
                     self.mirror.set_ready(true);
                     was_missing = false;
@@ -483,7 +527,7 @@ impl Follower {
                         self.mirror.clear();
                         self.mirror.set_missing(true);
                         self.mirror.set_ready(true);
-                        self.changes.record(&self.bucket, None);
+                        self.record(None);
                         tracing::debug!(bucket = self.bucket, "bucket does not exist yet: mirrored as empty");
                     }
                     was_missing = true;
@@ -551,7 +595,7 @@ impl Follower {
         if state.messages == 0 {
             mirror.adopt(&staged);
             live = true;
-            self.changes.record(bucket, None);
+            self.record(None);
         }
         loop {
             let next = if live {
@@ -591,12 +635,12 @@ impl Follower {
             };
             if live {
                 // Live, not replayed: plans may move, and holders are told.
-                self.changes.record(bucket, Some(&entry.key));
+                self.record(Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
                 mirror.adopt(&staged);
                 live = true;
-                self.changes.record(bucket, None);
+                self.record(None);
                 tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
             }
         }
@@ -604,23 +648,23 @@ impl Follower {
     }
 }
 
-fn create_err(e: kv::CreateError) -> Error {
+fn create_err(what: &str, e: kv::CreateError) -> Error {
     let kind = match e.kind() {
         kv::CreateErrorKind::AlreadyExists => ErrorKind::Conflict,
         kv::CreateErrorKind::InvalidKey => ErrorKind::Invalid,
         _ => ErrorKind::Unavailable,
     };
-    Error::new(kind, format!("registry create: {e}"))
+    Error::new(kind, format!("{what}: {e}"))
 }
 
-fn update_err(e: kv::UpdateError) -> Error {
+fn update_err(what: &str, e: kv::UpdateError) -> Error {
     let kind = match e.kind() {
         kv::UpdateErrorKind::WrongLastRevision => ErrorKind::Conflict,
         kv::UpdateErrorKind::InvalidKey => ErrorKind::Invalid,
         kv::UpdateErrorKind::TimedOut => ErrorKind::Timeout,
         _ => ErrorKind::Unavailable,
     };
-    Error::new(kind, format!("registry write: {e}"))
+    Error::new(kind, format!("{what}: {e}"))
 }
 
 impl Backend for NatsBackend {
@@ -638,13 +682,13 @@ impl Backend for NatsBackend {
             crate::mirror::check_subject(key, false)?;
             let rev = bounded(|| format!("writing registry key {key}"), async {
                 if expected == 0 {
-                    self.registry.create(key, value.into()).await.map_err(create_err)
+                    self.registry.create(key, value.into()).await.map_err(|e| create_err("registry create", e))
                 } else {
-                    self.registry.update(key, value.into(), expected).await.map_err(update_err)
+                    self.registry.update(key, value.into(), expected).await.map_err(|e| update_err("registry write", e))
                 }
             })
             .await?;
-            self.settle(rev).await;
+            self.settle(REGISTRY_BUCKET, rev).await;
             Ok(rev)
         })
     }
@@ -653,14 +697,14 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
-            bounded(|| format!("deleting registry key {key}"), async { self.registry.delete_expect_revision(key, Some(expected)).await.map_err(update_err) }).await?;
+            bounded(|| format!("deleting registry key {key}"), async { self.registry.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("registry delete", e)) }).await?;
             // The delete's revision is not returned: its marker, read back, has it.
             let marker = bounded(|| format!("reading registry key {key}"), async {
                 self.registry.entry(key).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading registry key {key}: {e}")))
             })
             .await?;
             if let Some(m) = marker {
-                self.settle(m.revision).await;
+                self.settle(REGISTRY_BUCKET, m.revision).await;
             }
             Ok(())
         })

@@ -29,8 +29,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// The subject for `node`'s notices, if `node` is one subject token.
 pub fn subject(node: &str) -> Option<String> {
-    let ok = !node.is_empty() && node.len() <= 256 && node.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'.' | b'*' | b'>'));
-    ok.then(|| format!("{NOTICE_PREFIX}{node}"))
+    crate::events::node_subject(NOTICE_PREFIX, node)
 }
 
 /// Who follows and publishes: the bus client, the backend (for mirrors), the seat.

@@ -63,8 +63,44 @@ fn request(q: &Query) -> (&'static str, Value) {
     (verb, body)
 }
 
+/// Keeps the status entries in their state since `cutoff` or before (a module whose state the
+/// server has not recorded yet has no `since` and is left out: it has just changed).
+fn only_since(reply: &mut Value, cutoff: std::time::SystemTime) {
+    if let Some(entries) = reply.get_mut("entries").and_then(Value::as_array_mut) {
+        entries.retain(|e| e["since"].as_str().and_then(parse_time).is_some_and(|t| t <= cutoff));
+    }
+}
+
+/// An RFC 3339 time as the server writes it.
+fn parse_time(s: &str) -> Option<std::time::SystemTime> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(std::time::SystemTime::from(t))
+}
+
+/// How long ago `since` was, coarsely (`<1m`, `12m`, `3h 5m`, `2d 4h`): a view redrawn on
+/// change does not change every second.
+pub fn for_how_long(since: &str, now: std::time::SystemTime) -> String {
+    let Some(t) = parse_time(since) else { return String::new() };
+    let s = now.duration_since(t).map_or(0, |d| d.as_secs());
+    match s {
+        0..60 => "<1m".to_string(),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
 /// How a reply is printed.
 fn show(q: &Query, verb: &str, reply: &Value, colour: bool) -> String {
+    let mut filtered;
+    let reply = match (q.what, q.since) {
+        (What::Status, Some(d)) => {
+            filtered = reply.clone();
+            only_since(&mut filtered, std::time::SystemTime::now() - d);
+            &filtered
+        }
+        _ => reply,
+    };
     if q.json {
         format!("{reply}\n")
     } else if verb == PLAN {
@@ -150,12 +186,22 @@ pub fn holders_table(reply: &Value) -> String {
     render(&rows)
 }
 
-/// Every page, shown; asked again every `--every`, redrawn when anything changed. An error is
-/// shown in place and the view goes on (the bus may come back).
+/// Every page, shown; asked again every `--every` (status: when a state change is heard, or
+/// after `--every` with none), redrawn when anything changed. An error is shown in place and
+/// the view goes on (the bus may come back).
 async fn watch(client: &async_nats::Client, q: &Query) -> Result<()> {
     let (verb, first) = request(q);
     let colour = colour();
     let mut last = String::new();
+    // The state changes of the node asked, or of every node (a user may hear only its own).
+    let mut events = match q.what {
+        What::Status => {
+            let subject = format!("{}{}", crate::states::EVENT_PREFIX, q.node.as_deref().unwrap_or(">"));
+            client.subscribe(subject).await.ok()
+        }
+        _ => None,
+    };
+    let how = if events.is_some() { format!("on each state change, at least every {:?}", q.every) } else { format!("every {:?}", q.every) };
     loop {
         let mut body = first.clone();
         let mut view = String::new();
@@ -178,12 +224,28 @@ async fn watch(client: &async_nats::Client, q: &Query) -> Result<()> {
             let at = crate::service::rfc3339(std::time::SystemTime::now());
             // Clear the screen and home the cursor on a terminal; a pipe gets one view after another.
             let clear = if colour { "\x1b[2J\x1b[H" } else { "\n" };
-            print!("{clear}{verb} {first} at {at} (every {:?}; Ctrl-C to stop)\n\n{view}", q.every);
+            print!("{clear}{verb} {first} at {at} ({how}; Ctrl-C to stop)\n\n{view}");
             use std::io::Write;
             let _ = std::io::stdout().flush();
             last = view;
         }
-        tokio::time::sleep(q.every).await;
+        match events.as_mut() {
+            Some(sub) => {
+                use futures::StreamExt;
+                // One change is often many: those heard within a moment are one redraw.
+                if let Ok(Some(_)) = tokio::time::timeout(q.every, sub.next()).await {
+                    let settle = tokio::time::sleep(std::time::Duration::from_millis(100));
+                    tokio::pin!(settle);
+                    loop {
+                        tokio::select! {
+                            _ = &mut settle => break,
+                            more = sub.next() => if more.is_none() { break },
+                        }
+                    }
+                }
+            }
+            None => tokio::time::sleep(q.every).await,
+        }
     }
 }
 
@@ -199,14 +261,17 @@ pub fn status_table(reply: &Value, needs: bool, colour: bool) -> String {
             "pending" | "never_ran" | "not_installed" => "33",
             "degraded" | "missing" | "unknown" | "stale" => "35",
             "blocked" | "no_provider" | "unanswered" => "31",
+            "provider_pending" => "33",
             _ => "0",
         };
         format!("\x1b[{code}m{state}\x1b[0m")
     };
-    let mut rows = vec![vec!["NODE".to_string(), "MODULE".into(), "STATE".into(), "WANT".into(), "HAVE".into(), "REASON".into()]];
+    let now = std::time::SystemTime::now();
+    let mut rows = vec![vec!["NODE".to_string(), "MODULE".into(), "STATE".into(), "FOR".into(), "WANT".into(), "HAVE".into(), "REASON".into()]];
     let mut lines: Vec<Vec<String>> = Vec::new();
     for e in reply["entries"].as_array().into_iter().flatten() {
-        rows.push(vec![text(&e["node"]), text(&e["module"]), text(&e["state"]), text(&e["want"]), text(&e["have"]), cut(&text(&e["reason"]), 90)]);
+        let held = e["since"].as_str().map(|s| for_how_long(s, now)).unwrap_or_default();
+        rows.push(vec![text(&e["node"]), text(&e["module"]), text(&e["state"]), held, text(&e["want"]), text(&e["have"]), cut(&text(&e["reason"]), 90)]);
         let mut under = Vec::new();
         if needs {
             for n in e["needs"].as_array().into_iter().flatten() {

@@ -69,6 +69,7 @@ pub async fn run(args: Serve) -> Result<()> {
         let state = crate::http::Http::new(opened.client.clone(), opened.backend.clone(), opened.current.clone(), opened.seat.clone(), limits);
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         let options = crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize);
+        tasks.handles.push(tokio::spawn(crate::http::hear_events(state.clone())));
         tasks.handles.push(tokio::spawn(crate::http::serve(listener, state, options)));
     }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref(), limits).await;
@@ -218,6 +219,18 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
             plan_inputs: o.nats.changes().clone(),
             seat: o.seat.clone(),
             limits,
+        }
+        .run(),
+    ));
+    handles.push(tokio::spawn(
+        crate::states::Recorder {
+            client: o.client.clone(),
+            nats: o.nats.clone(),
+            backend: o.backend.clone(),
+            current: o.current.clone(),
+            seat: o.seat.clone(),
+            limits,
+            sweep_every: args.state_sweep_every,
         }
         .run(),
     ));

@@ -628,3 +628,22 @@ pub async fn ask_ok(client: &Client, body: Value) -> Value {
     assert_eq!(code, None, "error reply to {body}: {v}");
     v
 }
+
+/// The status entry of one module, as `node-alpha` or whoever `c` is asks it.
+pub async fn module_status(c: &Client, node: &str, module: &str) -> Value {
+    ask_ok(c, serde_json::json!({"what":"status","node":node,"module":module})).await["entries"][0].clone()
+}
+
+/// Asks the status of one module until `cond` holds of it (at most 30 s, failing with `what`
+/// and the last answer), returning it.
+pub async fn status_until(c: &Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = module_status(c, node, module).await;
+        if cond(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{node}/{module} never showed {what}: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -21,6 +21,9 @@ pub fn mesh() -> Arc<MemoryBackend> {
     b.put(NEEDS, "alpha.app.config.report_url", br#"{"part":"reports"}"#);
     b.put(CONFIG, "alpha.app.db_url", b"postgres://db");
     b.put("postgres_bound", "alpha.app.db", br#"{"user":"app"}"#);
+    // gamma/postgres: the provider of alpha/app's bound value, assigned and applied (SPEC §7.3).
+    b.put(ASSIGNMENTS, "gamma.postgres", br#"{"want":"p1"}"#);
+    b.put(APPLIED, "gamma.postgres", br#"{"build":"p1","needs":0}"#);
     b.set_responders("mesh-vault", 2);
     // alpha/web: needs recorded, nothing applied.
     b.put(NEEDS, "alpha.web.config.base_url", b"{}");

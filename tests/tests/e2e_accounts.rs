@@ -15,7 +15,7 @@ use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tests::browser::get;
-use tests::nats::{ask_ok, ask_raw, ask_verb, stats_data, Bus, Host, OPERATOR};
+use tests::nats::{ask_ok, ask_raw, ask_verb, module_status as status, stats_data, status_until, Bus, Host, OPERATOR};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";
@@ -31,23 +31,7 @@ async fn stream_state(js: &jetstream::Context, bucket: &str) -> (u64, u64) {
     (info.state.last_sequence, info.state.messages)
 }
 
-/// The status entry of one module.
-async fn status(c: &Client, node: &str, module: &str) -> Value {
-    ask_ok(c, json!({"what":"status","node":node,"module":module})).await["entries"][0].clone()
-}
 
-/// Asks until `cond` holds of the module's status (bounded), returning it.
-async fn status_until(c: &Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let s = status(c, node, module).await;
-        if cond(&s) {
-            return s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "{node}/{module} never showed {what}: {s}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn warnings(s: &Value) -> Vec<String> {
     s["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(str::to_string)).collect()

@@ -128,6 +128,10 @@ async fn each_holder_is_told_once_and_reads_stale_until_it_applies_the_new_value
     }
 
     bus.make_bucket(BOUND).await;
+    bus.make_bucket("mesh-controller_assignments").await;
+    // The provider runs: assigned to gamma by the controller, applied there (SPEC §7.3).
+    bus.put("mesh-controller", "mesh-controller_assignments", "gamma.postgres", br#"{"want":"p1"}"#).await;
+    bus.put("node-gamma", "mesh-provisioner_applied", "gamma.postgres", br#"{"build":"p1","needs":0}"#).await;
     for (node, module) in HOLDERS {
         bus.put(&format!("node-{node}"), NEEDS, &format!("{node}.{module}.bound.postgres=2Edb"), br#"{"placeholder":"${bound:postgres.db}"}"#).await;
     }

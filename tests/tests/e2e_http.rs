@@ -118,11 +118,11 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
 
     let mut b = Browser::open(&format!("{url}/"), 1200, 800).await;
     b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
-    let seen = b.eval("Object.fromEntries([...document.querySelectorAll('td.cell')].map(td => [td.dataset.node + '/' + td.dataset.module, td.textContent]))").await;
+    let seen = b.eval("Object.fromEntries([...document.querySelectorAll('td.cell')].map(td => [td.dataset.node + '/' + td.dataset.module, td.firstChild.textContent]))").await;
     let seen: BTreeMap<String, String> = serde_json::from_value(seen).expect("cells");
     assert_eq!(seen, states(&verb), "what a person sees differs from the verb");
     // Each cell is coloured by its state.
-    let classes = b.eval("[...document.querySelectorAll('td.cell')].every(td => td.classList.contains(td.textContent))").await;
+    let classes = b.eval("[...document.querySelectorAll('td.cell')].every(td => td.classList.contains(td.firstChild.textContent))").await;
     assert_eq!(classes, json!(true));
 
     // A click on alpha/app opens its needs.

@@ -283,7 +283,7 @@ async fn srv_ping_and_info_name_the_component() {
     let info: Value = serde_json::from_slice(&info.payload).unwrap();
     let digest = hex::encode(Sha256::digest(std::fs::read(tests::component_path()).unwrap()));
     assert_eq!(info["metadata"]["component_digest"], digest.as_str());
-    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.5.0");
+    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.6.0");
     assert_eq!(info["endpoints"][0]["subject"], "mesh-provisioner.provisioning");
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.unwrap();
     assert!(serde_json::from_slice::<Value>(&stats.payload).unwrap()["endpoints"].is_array());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use tests::nats::{ask_ok, host_binary, Bus, Host};
+use tests::nats::{ask_ok, host_binary, module_status as status, status_until as until, Bus, Host};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";
@@ -39,28 +39,11 @@ impl Drop for Vault {
     }
 }
 
-/// The status of one module.
-async fn status(c: &async_nats::Client, node: &str, module: &str) -> Value {
-    let v = ask_ok(c, json!({"what":"status","node":node,"module":module})).await;
-    v["entries"][0].clone()
-}
 
 fn check(s: &Value, kind: &str, name: &str) -> String {
     s["needs"].as_array().into_iter().flatten().find(|n| n["kind"] == kind && n["name"] == name).map(|n| n["check"].as_str().unwrap_or("").to_string()).unwrap_or_default()
 }
 
-/// Asks until `cond` holds of the module's status (bounded), returning it.
-async fn until(c: &async_nats::Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let s = status(c, node, module).await;
-        if cond(&s) {
-            return s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "{node}/{module} never showed {what}: {s}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test]
 async fn every_state_and_check_follows_the_mesh_as_it_changes() {
@@ -100,6 +83,13 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
     let vault = Vault::start(&bus).await;
     let s = until(&c, "alpha", "app", "the vault answering", |s| check(s, "secret", "db_password") == "answered").await;
     assert!(s["needs"].as_array().unwrap().iter().any(|n| n["responders"] == 1), "{s}");
+    // The controller assigns the provider to gamma: pending on it, naming the node.
+    bus.put("mesh-controller", "mesh-controller_assignments", "gamma.postgres", br#"{"want":"p1"}"#).await;
+    let s = until(&c, "alpha", "app", "the provider pending", |s| check(s, "bound", "postgres.db") == "provider_pending").await;
+    assert_eq!(s["state"], "pending", "its provider is assigned, not applied: {s}");
+    assert!(s["reason"].as_str().unwrap_or("").contains("on gamma"), "{s}");
+    // Applied on gamma, its bucket made: the value is missing.
+    bus.put("node-gamma", APPLIED, "gamma.postgres", br#"{"build":"p1","needs":0}"#).await;
     bus.make_bucket("postgres_bound").await;
     let s = until(&c, "alpha", "app", "the bound value missing", |s| check(s, "bound", "postgres.db") == "missing").await;
     assert_eq!(s["state"], "degraded", "applied, and a grant does not hold: {s}");

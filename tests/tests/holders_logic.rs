@@ -41,6 +41,9 @@ fn three_holders() -> Arc<MemoryBackend> {
     }
     // A module needing another value is no holder.
     b.put(NEEDS, "alpha.web.bound.postgres=2Ereports", b"{}");
+    // The provider runs (SPEC §7.3): assigned to gamma and applied there.
+    b.put("mesh-controller_assignments", "gamma.postgres", br#"{"want":"p1"}"#);
+    b.put(APPLIED, "gamma.postgres", br#"{"build":"p1","needs":0}"#);
     b
 }
 

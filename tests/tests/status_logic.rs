@@ -62,20 +62,67 @@ fn a_missing_value_before_anything_is_applied_is_pending() {
 }
 
 #[test]
-fn a_provider_not_installed_blocks_even_an_applied_module() {
+fn a_provider_assigned_nowhere_blocks_even_an_applied_module() {
     let b = mesh();
     let s = of(&b, "beta", "cache");
     let need = check_of(&s, "bound", "redis.cache");
     assert_eq!(need.check, Check::NoProvider);
-    assert!(need.reason.contains("redis_bound does not exist"), "{}", need.reason);
+    assert!(need.reason.contains("no node is assigned provider redis"), "{}", need.reason);
+    assert_eq!(need.provider.as_ref().map(|p| (p.module.as_str(), p.nodes.len())), Some(("redis", 0)));
     assert_eq!(s.state, State::Blocked);
-    // The provider comes: its bucket exists, the value not yet (missing), then it is written.
+    assert!(s.reason.contains("bound:redis.cache"), "{}", s.reason);
+}
+
+#[test]
+fn a_provider_goes_from_none_to_pending_to_present_as_it_is_assigned_applied_and_writes() {
+    let b = mesh();
+    // Assigned to gamma, not applied anywhere: pending, naming the node waited for, even
+    // though the module itself is applied.
+    b.put(ASSIGNMENTS, "gamma.redis", br#"{"want":"r1"}"#);
+    let s = of(&b, "beta", "cache");
+    let need = check_of(&s, "bound", "redis.cache");
+    assert_eq!(need.check, Check::ProviderPending { node: "gamma".into() });
+    assert!(need.reason.contains("waiting for redis on gamma"), "{}", need.reason);
+    assert_eq!(s.state, State::Pending, "{}", s.reason);
+    assert!(s.reason.contains("wait for a provider") && s.reason.contains("gamma"), "{}", s.reason);
+    // Applied on gamma, its bucket not yet made: the value is missing, not the provider.
+    b.put(APPLIED, "gamma.redis", br#"{"build":"r1","needs":0}"#);
+    let need = check_of(&of(&b, "beta", "cache"), "bound", "redis.cache").clone();
+    assert_eq!(need.check, Check::Missing, "{}", need.reason);
+    assert!(need.reason.contains("applied on gamma and has written nothing"), "{}", need.reason);
+    let p = need.provider.expect("the provider is named");
+    assert_eq!((p.module.as_str(), p.nodes[0].node.as_str(), p.nodes[0].applied), ("redis", "gamma", true));
+    // It writes the value: present, and the module is applied again.
     b.bucket("redis_bound").set_missing(false);
-    assert_eq!(check_of(&of(&b, "beta", "cache"), "bound", "redis.cache").check, Check::Missing);
     b.put("redis_bound", "beta.cache.cache", b"{}");
     let s = of(&b, "beta", "cache");
     assert!(matches!(check_of(&s, "bound", "redis.cache").check, Check::Present { .. }));
     assert_eq!(s.state, State::Applied);
+    // Its node goes away and the controller moves it to alpha, where it is not applied yet:
+    // the value written by the old one is not trusted; the consumer waits again.
+    b.delete(ASSIGNMENTS, "gamma.redis");
+    b.put(ASSIGNMENTS, "alpha.redis", br#"{"want":"r1"}"#);
+    let s = of(&b, "beta", "cache");
+    assert_eq!(check_of(&s, "bound", "redis.cache").check, Check::ProviderPending { node: "alpha".into() });
+    assert_eq!(s.state, State::Pending, "{}", s.reason);
+}
+
+#[test]
+fn a_verb_whose_service_is_assigned_but_not_answering_is_pending() {
+    let b = mesh();
+    b.set_responders("mesh-vault", 0);
+    b.put(ASSIGNMENTS, "beta.mesh-vault", br#"{"want":"v1"}"#);
+    let s = of(&b, "alpha", "app");
+    let need = check_of(&s, "secret", "db_password");
+    assert_eq!(need.check, Check::ProviderPending { node: "beta".into() });
+    assert!(need.reason.contains("no instance answers discovery yet"), "{}", need.reason);
+    assert_eq!(s.state, State::Pending, "{}", s.reason);
+    // Answering: answered, and the assignment is shown.
+    b.set_responders("mesh-vault", 1);
+    let s = of(&b, "alpha", "app");
+    let need = check_of(&s, "secret", "db_password");
+    assert_eq!(need.check, Check::Answered { responders: 1 });
+    assert_eq!(need.provider.as_ref().map(|p| p.nodes.len()), Some(1));
 }
 
 #[test]
@@ -203,12 +250,12 @@ fn lists_every_module_known_from_any_source_once_in_key_order() {
     b.put(NEEDS, "alpha.app-x-y.config.a", b"{}");
     b.put(APPLIED, "alpha.ap", br#"{"build":"b1","needs":0}"#);
     b.put("composed-gamma", "engine-only.e1", br#"{"state":"refused","reason":"no"}"#);
-    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.engine-only", "gamma.odd", "gamma.worker"];
+    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.engine-only", "gamma.odd", "gamma.postgres", "gamma.worker"];
     for limit in [1, 2, 3, 1000] {
         assert_eq!(listed(&b, json!({"what":"status","limit":limit}), 1 << 20), all, "limit {limit}");
     }
     let gamma = listed(&b, json!({"what":"status","node":"gamma","limit":1}), 1 << 20);
-    assert_eq!(gamma, ["gamma.engine-only", "gamma.odd", "gamma.worker"]);
+    assert_eq!(gamma, ["gamma.engine-only", "gamma.odd", "gamma.postgres", "gamma.worker"]);
     assert_eq!(listed(&b, json!({"what":"status","module":"app"}), 1 << 20), ["alpha.app"]);
     assert_eq!(listed(&b, json!({"what":"status","node":"gamma","module":"engine-only"}), 1 << 20), ["gamma.engine-only"]);
     assert_eq!(listed(&b, json!({"what":"status","node":"beta","module":"metrics"}), 1 << 20), ["beta.metrics"]);

@@ -386,6 +386,29 @@ pub struct NoticeReport {
     pub rest: Vec<ValueEvent>,
 }
 
+/// One module whose state changed: the record to write (compare-and-set) and the event to
+/// publish once it is written (the WIT `transition`). The host reads neither.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub key: String,
+    /// Empty: delete the record.
+    pub value: Vec<u8>,
+    pub expected: u64,
+    pub node: String,
+    /// The state entered, for counting.
+    pub state: String,
+    pub event: Option<Vec<u8>>,
+}
+
+/// What one call of `transitions` decided (the WIT `transition-report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransitionReport {
+    pub computed: u32,
+    pub transitions: Vec<Transition>,
+    /// Changes the guest left for another call.
+    pub rest: Vec<Change>,
+}
+
 /// A compiled, linked component, ready to instantiate.
 #[derive(Clone)]
 pub struct Guest {
@@ -584,6 +607,42 @@ impl Guest {
             .map(|r| NoticeReport {
                 notices: r.notices.into_iter().map(|n| Notice { node: n.node, body: n.body }).collect(),
                 rest: r.rest.into_iter().map(|e| ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
+            })
+            .map_err(|e| format!("{e:?}")))
+    }
+
+    /// The buckets a module's state depends on (names, or one `*` in a name).
+    pub async fn status_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
+        let mut inst = self.checkout(backend, limits).await?;
+        let r = match inst.api.mesh_provisioner_api().call_status_inputs(&mut inst.store).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        self.checkin(inst);
+        Ok(r)
+    }
+
+    /// The state records and events `changes` move; the inner error is a store failure as the
+    /// guest reported it.
+    pub async fn transitions(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change], now: &str) -> Result<Result<TransitionReport, String>> {
+        let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
+        let mut inst = self.checkout(backend, limits).await?;
+        let started = std::time::Instant::now();
+        let r = match inst.api.mesh_provisioner_api().call_transitions(&mut inst.store, &changes, now).await {
+            Ok(v) => v,
+            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
+        };
+        crate::metrics::metrics().guest_call("transitions", started.elapsed());
+        self.checkin(inst);
+        Ok(r
+            .map(|r| TransitionReport {
+                computed: r.computed,
+                transitions: r
+                    .transitions
+                    .into_iter()
+                    .map(|t| Transition { key: t.key, value: t.value, expected: t.expected, node: t.node, state: t.state, event: t.event })
+                    .collect(),
+                rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
             })
             .map_err(|e| format!("{e:?}")))
     }

@@ -1,0 +1,52 @@
+//! The record of each module's state (SPEC §7.3), kept by the seat's holder in
+//! `mesh-provisioner_states` under `<node>.<module>`: the state it last saw and since when.
+//!
+//! The bucket is on the bus so that a standby taking the seat, or the holder after a restart,
+//! knows since when each module has been in its state; only `transitions` decides what is
+//! written there, and the host writes it (compare-and-set) without reading it. Status reads it
+//! to say `since`, and only when the record's state is the state found now: a state the holder
+//! has not yet recorded has no `since` rather than a wrong one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::{Env, HostError};
+
+/// The bucket of state records.
+pub const STATES: &str = "mesh-provisioner_states";
+
+/// One module's recorded state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The state's name (`pending`, `applied`, …).
+    pub state: String,
+    /// When the holder first saw the module in it (RFC 3339, UTC).
+    pub since: String,
+}
+
+impl Record {
+    /// The record's bytes as kept.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::value::to_json(self).into_bytes()
+    }
+}
+
+/// The record of `<node>.<module>` and its revision; `None` when there is none or it cannot
+/// be read (a damaged record is written over at the next change, never trusted).
+pub fn read(env: &dyn Env, node: &str, module: &str) -> Result<Option<(Record, u64)>, HostError> {
+    let Some(e) = env.get(STATES, &format!("{node}.{module}"))? else { return Ok(None) };
+    Ok(match serde_json::from_slice::<Record>(&e.value) {
+        Ok(r) => Some((r, e.revision)),
+        // Unreadable: kept as a revision to write over, with no state anything equals.
+        Err(_) => Some((Record { state: String::new(), since: String::new() }, e.revision)),
+    })
+}
+
+/// Since when `module` on `node` has been in `state`, if the holder recorded it so. A record
+/// that cannot be read now says nothing: `since` is a hint about time, never a reason to fail
+/// a status.
+pub fn since(env: &dyn Env, node: &str, module: &str, state: &str) -> Option<String> {
+    match read(env, node, module) {
+        Ok(Some((r, _))) if r.state == state && !r.since.is_empty() => Some(r.since),
+        _ => None,
+    }
+}

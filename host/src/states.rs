@@ -1,0 +1,242 @@
+//! State changes pushed (SPEC §7.3): while this instance holds the seat, every change of a
+//! bucket a module's state depends on is handed to the guest's `transitions`, which says whose
+//! state is no longer the one recorded; the host writes each record (compare-and-set, in
+//! `mesh-provisioner_states`) and, once it has landed, publishes its event on
+//! `mesh-provisioner.event.<node>`.
+//!
+//! The record on the bus is what makes `since` survive a restart and a takeover: a standby's
+//! mirror holds it, and a new holder compares with it rather than starting every clock again.
+//! A record that loses its compare-and-set publishes nothing and its module is found again, so
+//! a change is told at most once; a standby publishes nothing and decides nothing. Discovery
+//! is not a bucket, so the whole mesh is swept now and then (`--state-sweep-every`), a page per
+//! call, never using more than about half of a core.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::backend::{Backend, STATES_BUCKET};
+use crate::changes::Changes;
+use crate::current::Current;
+use crate::error::ErrorKind;
+use crate::runtime::{Change, Limits, TransitionReport};
+use crate::seat::Seat;
+
+/// The subject a node's state changes are published on, before the node's name.
+pub const EVENT_PREFIX: &str = "mesh-provisioner.event.";
+/// Changes arriving this soon after the first are taken together.
+const SETTLE: Duration = Duration::from_millis(20);
+/// A call finds many states; it gets more time than a verb call.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Wait before asking again after the host could not serve a call.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The subject for `node`'s state changes, if `node` is one subject token.
+pub fn subject(node: &str) -> Option<String> {
+    crate::events::node_subject(EVENT_PREFIX, node)
+}
+
+/// The change that sweeps every module from the start as a live one (the guest's word for a
+/// whole-bucket change of the states bucket itself): a module that appeared is told.
+fn sweep() -> Change {
+    Change { bucket: STATES_BUCKET.to_string(), key: None }
+}
+
+/// The changes that sweep every module after a start, a swap or the seat's taking: each input
+/// bucket changed as a whole (a module never recorded is recorded without telling anyone).
+fn start_sweep(changes: &Changes) -> Vec<Change> {
+    changes.patterns().into_iter().filter(|p| !p.contains('*')).map(|bucket| Change { bucket, key: None }).collect()
+}
+
+/// Who decides, writes and publishes.
+pub struct Recorder {
+    pub client: async_nats::Client,
+    pub nats: Arc<crate::nats::NatsBackend>,
+    pub backend: Arc<dyn Backend>,
+    pub current: Arc<Current>,
+    pub seat: Arc<Seat>,
+    pub limits: Limits,
+    /// How often every module is looked at again (discovery changes no bucket).
+    pub sweep_every: Duration,
+}
+
+impl Recorder {
+    fn changes(&self) -> &Arc<Changes> {
+        self.nats.state_changes()
+    }
+
+    /// Follows the guest's status inputs and records and publishes state changes while the
+    /// seat is held.
+    pub async fn run(self) {
+        let limits = Limits { deadline: self.limits.deadline.max(DEADLINE), ..self.limits };
+        let (mut swapped, mut held) = (self.current.subscribe(), self.seat.subscribe());
+        let mut following = String::new();
+        let mut timer = tokio::time::interval(self.sweep_every.max(Duration::from_secs(1)));
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Changes of this task's own: sweeps, and records to find again.
+        let mut own: Vec<Change> = Vec::new();
+        let mut was_held = false;
+        loop {
+            let loaded = self.current.get();
+            if loaded.guest.digest() != following {
+                match loaded.guest.status_inputs(self.backend.clone(), limits).await {
+                    Ok(inputs) => {
+                        tracing::info!(?inputs, "following the buckets module states depend on");
+                        self.changes().set_patterns(inputs);
+                        following = loaded.guest.digest().to_string();
+                        // A new guest may find states differently: everything once.
+                        own.extend(start_sweep(self.changes()));
+                    }
+                    Err(e) => {
+                        tracing::warn!("the guest did not say what module states depend on: {e}");
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                }
+            }
+            let is_held = self.seat.is_held();
+            if is_held && !was_held {
+                // Taken (or retaken): whatever changed while another held it, or none did.
+                own.extend(start_sweep(self.changes()));
+            }
+            was_held = is_held;
+            let mut batch = if own.is_empty() || !is_held {
+                tokio::select! {
+                    batch = self.changes().next_batch() => batch,
+                    _ = timer.tick() => vec![sweep()],
+                    _ = held.changed() => continue,
+                    _ = swapped.changed() => continue,
+                }
+            } else {
+                Vec::new()
+            };
+            if !self.seat.is_held() {
+                // A standby decides nothing; what it saw, the next holder sweeps.
+                own.clear();
+                continue;
+            }
+            tokio::time::sleep(SETTLE).await;
+            batch.extend(self.changes().next_batch_now());
+            batch.append(&mut own);
+            batch.sort();
+            batch.dedup();
+            if batch.iter().any(|c| c.key.is_none()) {
+                crate::metrics::metrics().state_sweeps.inc();
+            }
+            own = self.through(&loaded.guest, limits, batch).await;
+        }
+    }
+
+    /// Hands `batch` and every rest to the guest until none is left or the seat is lost;
+    /// what is to be asked again later comes back.
+    async fn through(&self, guest: &crate::runtime::Guest, limits: Limits, mut batch: Vec<Change>) -> Vec<Change> {
+        let mut again = Vec::new();
+        while !batch.is_empty() && self.seat.is_held() {
+            let now = crate::service::rfc3339(SystemTime::now());
+            let started = Instant::now();
+            let report = match guest.transitions(self.backend.clone(), limits, &batch, &now).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    tracing::warn!(changes = batch.len(), "finding module states failed: {e}; asking again");
+                    tokio::time::sleep(RETRY).await;
+                    again.extend(batch);
+                    return again;
+                }
+                Err(e) => {
+                    // The same input would fail the same way: these changes wait for the next
+                    // change or sweep; the status verb still answers each module.
+                    tracing::warn!(changes = batch.len(), "the guest failed finding module states: {e}");
+                    return again;
+                }
+            };
+            let took = started.elapsed();
+            again.extend(self.apply(&report).await);
+            batch = report.rest;
+            if !batch.is_empty() {
+                // A sweep of a large mesh goes on a page at a time, leaving the core to the
+                // verbs at least half of the time.
+                tokio::time::sleep(took).await;
+            }
+        }
+        again
+    }
+
+    /// Writes each record and publishes its event once written; the records that lost their
+    /// compare-and-set (or could not be written) come back as changes to find again.
+    async fn apply(&self, report: &TransitionReport) -> Vec<Change> {
+        let m = crate::metrics::metrics();
+        let mut again = Vec::new();
+        let (mut published, mut failed) = (0usize, false);
+        for t in &report.transitions {
+            // Checked for each: a holder that lost the seat writes and tells nothing more.
+            if !self.seat.is_held() {
+                break;
+            }
+            match self.nats.write_state(&t.key, t.value.clone(), t.expected).await {
+                Ok(()) => {
+                    m.state_records.inc();
+                }
+                Err(e) => {
+                    if e.kind() == ErrorKind::Conflict {
+                        m.state_conflicts.inc();
+                    } else {
+                        tracing::warn!(key = t.key, "writing a state record failed: {e}; it is found again");
+                        failed = true;
+                    }
+                    again.push(Change { bucket: STATES_BUCKET.to_string(), key: Some(t.key.clone()) });
+                    continue;
+                }
+            }
+            let Some(body) = &t.event else { continue };
+            let Some(subject) = subject(&t.node) else {
+                tracing::warn!(node = t.node, "the guest named a node that is not a subject token: no event sent");
+                continue;
+            };
+            match self.client.publish(subject, body.clone().into()).await {
+                Ok(()) => {
+                    published += 1;
+                    m.state_events.get_or_create(&crate::metrics::State { state: label(&t.state) }).inc();
+                }
+                Err(e) => tracing::warn!(node = t.node, "publishing a state change failed: {e}"),
+            }
+        }
+        if published > 0 {
+            let _ = self.client.flush().await;
+            tracing::info!(computed = report.computed, records = report.transitions.len(), published, "module state changes published");
+        }
+        if failed {
+            // The bus refused or is away: not again at once.
+            tokio::time::sleep(RETRY).await;
+        }
+        again
+    }
+}
+
+/// A state as a metric label: the guest's word, bounded (a label set must stay small).
+fn label(state: &str) -> String {
+    if state.len() <= 32 && state.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+        state.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publishes_only_to_a_node_token() {
+        assert_eq!(subject("alpha").as_deref(), Some("mesh-provisioner.event.alpha"));
+        for bad in ["", "a.b", "*", ">", "a b"] {
+            assert_eq!(subject(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn labels_a_count_only_with_a_plain_state_name() {
+        assert_eq!(label("provider_pending"), "provider_pending");
+        assert_eq!(label("Pending\n"), "other");
+        assert_eq!(label(&"x".repeat(33)), "other");
+    }
+
+}
