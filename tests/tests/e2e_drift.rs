@@ -29,15 +29,18 @@ struct Open {
 
 /// A server of our own, anything `prepare` does to it first, and the host serving on it.
 async fn open(audit_every: &str, prepare: impl AsyncFnOnce(&jetstream::Context)) -> Open {
+    open_with(audit_every, &[], prepare).await
+}
+
+/// As [`open`], with more flags for the host.
+async fn open_with(audit_every: &str, extra: &[&str], prepare: impl AsyncFnOnce(&jetstream::Context)) -> Open {
     let server = RawServer::start(OPEN).await;
     let url = format!("nats://127.0.0.1:{}", server.port);
     let client = ConnectOptions::with_user_and_password("all".into(), "all-pw".into()).connect(&url).await.expect("connect");
     prepare(&jetstream::new(client.clone())).await;
-    let mut host = Host::spawn_as(
-        tempfile::tempdir().unwrap(),
-        &tests::component_path(),
-        &["--nats-url", &url, "--user", "all", "--password", "all-pw", "--audit-every", audit_every, "--seat-ttl", "2s"],
-    );
+    let mut args = vec!["--nats-url", &url, "--user", "all", "--password", "all-pw", "--audit-every", audit_every, "--seat-ttl", "2s"];
+    args.extend_from_slice(extra);
+    let mut host = Host::spawn_as(tempfile::tempdir().unwrap(), &tests::component_path(), &args);
     host.wait_answering(&client).await;
     Open { server, host, client, url }
 }
@@ -280,7 +283,9 @@ async fn a_bus_that_hangs_is_recovered_from_by_itself() {
 
 #[tokio::test]
 async fn the_mirror_of_a_deleted_bucket_nobody_reads_is_dropped() {
-    let o = open("1s", async |js| {
+    // Nobody reads it: not even the states' periodic sweep, which reads every module's status
+    // (gamma/app's reads gamma's compositions) and so keeps a read mirror, as it should.
+    let o = open_with("1s", &["--state-sweep-every", "1h"], async |js| {
         js.create_key_value(kv::Config { bucket: "composed-gamma".into(), history: 1, ..Default::default() }).await.expect("composed-gamma");
         js.create_key_value(kv::Config { bucket: "mesh-controller_assignments".into(), history: 1, ..Default::default() }).await.expect("assignments");
     })
@@ -291,9 +296,9 @@ async fn the_mirror_of_a_deleted_bucket_nobody_reads_is_dropped() {
     // The plan reads gamma's compositions (the plans task follows every `composed-*` anyway).
     let (code, v) = tests::nats::ask_verb(&o.client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await.unwrap();
     assert_eq!(code, None, "{v}");
-    // The registry, the three node buckets, the assignments, the builds' (missing: never
-    // mirrored) and composed-gamma.
-    let with = Host::info_until(&o.client, "the composition's mirror", |m| mirrors(m) == 6).await;
+    // The registry, the three node buckets, the assignments, the states (gamma/app's record),
+    // the builds' (missing: never mirrored) and composed-gamma.
+    let with = Host::info_until(&o.client, "the composition's mirror", |m| mirrors(m) == 7).await;
     js.delete_stream("KV_composed-gamma").await.expect("delete composed-gamma");
     let start = Instant::now();
     while mirrors(&Host::info(&o.client).await) >= mirrors(&with) {

@@ -33,11 +33,13 @@ async fn a_status_is_served_from_the_cache_until_a_bucket_it_read_as_missing_is_
     let c = bus.client("node-alpha").await;
     bus.put("node-alpha", "mesh-provisioner_needs", "alpha.m1.config.db_url", br#"{"part":"api"}"#).await;
     bus.put("node-alpha", "mesh-provisioner_needs", "alpha.m1.secret.db_password", br#"{"part":"api"}"#).await;
-    // The needs mirror has both keys once status lists both.
+    // The needs mirror has both keys once status lists both, and the seat's holder has
+    // recorded the module's state once its status says since when (the states bucket, which
+    // status reads too, then holds still).
     let start = Instant::now();
     let first = loop {
         let (_, v) = tests::nats::ask_raw(&c, STATUS).await.expect("status answers");
-        if v["entries"][0]["needs"].as_array().map_or(0, Vec::len) == 2 {
+        if v["entries"][0]["needs"].as_array().map_or(0, Vec::len) == 2 && v["entries"][0]["since"].is_string() {
             break v;
         }
         assert!(start.elapsed() < Duration::from_secs(10), "never both needs: {v}");
