@@ -353,6 +353,12 @@ impl Mirror {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The lock for a change that leaves the contents as they are (building an index): the
+    /// version stays, so a reply kept over these contents stays good.
+    fn write_same_contents(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         let guard = self.state.write().unwrap_or_else(|p| p.into_inner());
         // Under the lock: a reader that loads the version before its read sees this write's
@@ -546,7 +552,7 @@ impl Mirror {
     fn scan_by_token(&self, pattern: &[&str], slot: Slot, token: &str, after: Option<&str>, limit: usize) -> Page {
         let built = |s: &State| s.by_token.iter().any(|i| i.slot == slot);
         if !built(&self.read()) {
-            let mut s = self.write();
+            let mut s = self.write_same_contents();
             if !built(&s) && s.by_token.len() < MAX_INDEXES {
                 let mut index = ByToken::new(slot, s.hasher.clone());
                 for key in s.entries.keys() {
@@ -742,6 +748,17 @@ mod tests {
         // A copy built aside counts as the mirror does; a plain mirror counts nobody.
         assert!(m.like().read().writers.is_some());
         assert!(mirror(&["alpha.x"]).writers_over(Quota { keys: 0, bytes: 0 }).is_empty());
+    }
+
+    #[test]
+    fn building_an_index_keeps_the_version_its_contents_have() {
+        let m = mirror(&["alpha.app", "beta.app", "beta.web"]);
+        let v = m.version();
+        let keys: Vec<String> = m.scan("*.app", None, 10).unwrap().entries.into_iter().map(|e| e.key.to_string()).collect();
+        assert_eq!(keys, ["alpha.app", "beta.app"]);
+        assert_eq!(m.version(), v, "an index is not a change: a reply kept over these contents stays good");
+        m.put("gamma.app", 9, b"x");
+        assert!(m.version() > v);
     }
 
     #[test]
