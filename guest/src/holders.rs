@@ -109,7 +109,7 @@ fn planned_needs(p: &plan::Plan) -> Vec<Need> {
 
 /// Checks `module` on `node` as a holder of `kind:name`; `None` when it does not hold it (not
 /// recorded, not planned, or of a part not installed there).
-fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recorded: bool) -> Result<Option<Holder>, HostError> {
+fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recorded: bool, providers: &mut status::Providers) -> Result<Option<Holder>, HostError> {
     let planned_part = planned_needs(&plan::compute(env, node, module, false)?).into_iter().find(|n| n.kind == kind && n.name == name).map(|n| n.part);
     let planned = planned_part.is_some();
     if !recorded && !planned {
@@ -124,7 +124,7 @@ fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recor
     };
     let record = env.get(APPLIED, &format!("{node}.{module}"))?.map(|e| applied_record(&e.value));
     let need = Need { kind: kind.into(), name: name.into(), part };
-    let status::Checked { place, check, .. } = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()));
+    let status::Checked { place, check, .. } = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()), providers);
     if check == Check::NotInstalled {
         return Ok(None);
     }
@@ -161,9 +161,9 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
         pairs.truncate(limit as usize);
         more = true;
     }
-    let mut holders = Vec::new();
+    let (mut holders, mut providers) = (Vec::new(), status::Providers::new());
     for (_, (n, m), rec) in &pairs {
-        holders.extend(holder(env, n, m, kind, name, *rec)?);
+        holders.extend(holder(env, n, m, kind, name, *rec, &mut providers)?);
     }
     Ok(Holders { holders, last: pairs.last().map(|(key, _, _)| key.clone()), more })
 }

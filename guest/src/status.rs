@@ -134,6 +134,15 @@ impl Provider {
     }
 }
 
+/// Each provider's assignments as looked up once for a whole answer: every module of a page
+/// that needs a secret asks about the same service.
+pub(crate) type Providers = std::collections::BTreeMap<String, Result<Provider, HostError>>;
+
+/// [`provider`], looked up at most once across calls sharing `asked`.
+fn provider_once(env: &dyn Env, module: &str, asked: &mut Providers) -> Result<Provider, HostError> {
+    asked.entry(module.to_string()).or_insert_with(|| provider(env, module)).clone()
+}
+
 /// Where `module` is assigned (the controller's `<node>.<module>` keys) and whether it is
 /// applied there. Every assigned node is looked at, so "applied somewhere" is never missed past
 /// the listed ones: an applied node is listed first.
@@ -255,7 +264,15 @@ pub(crate) struct Checked {
 /// against the provider first (SPEC §7.3): assigned nowhere is `no_provider` (nothing will
 /// come); assigned but applied nowhere (a verb: not answering discovery) is `provider_pending`,
 /// naming the node waited for; only then is the value itself read.
-pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts: Option<&[String]>, applied: Option<&std::collections::BTreeMap<String, u64>>) -> Checked {
+pub(crate) fn check(
+    env: &dyn Env,
+    node: &str,
+    module: &str,
+    need: &Need,
+    parts: Option<&[String]>,
+    applied: Option<&std::collections::BTreeMap<String, u64>>,
+    providers: &mut Providers,
+) -> Checked {
     let plain = |place, check, reason| Checked { place, check, reason, provider: None };
     if let (Some(part), Some(parts)) = (&need.part, parts) {
         if !parts.iter().any(|p| p == part) {
@@ -268,7 +285,7 @@ pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts:
         Resolved::Malformed(why) => plain(Place::Nowhere, Check::Unanswered, format!("no domain can answer it: {why}")),
         Resolved::Verb { domain, verb } => {
             let place = Place::Verb { domain: domain.to_string(), verb: verb.to_string() };
-            let assigned = provider(env, domain);
+            let assigned = provider_once(env, domain, providers);
             let (check, why) = match (env.responders(domain), &assigned) {
                 (Ok(n), _) if n > 0 => (Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
                 (Err(e), _) => (Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
@@ -292,7 +309,7 @@ pub(crate) fn check(env: &dyn Env, node: &str, module: &str, need: &Need, parts:
             let provided = registry::lookup(&need.kind).is_some_and(|d| d.owner == "<provider>");
             let mut provided_by = None;
             if provided {
-                match provider(env, &domain) {
+                match provider_once(env, &domain, providers) {
                     Err(e) => {
                         let why = format!("the assignments of provider {domain} could not be read now: {e}");
                         return plain(Place::Bucket { domain, bucket, place, filter: wild }, Check::Unknown, why);
@@ -358,13 +375,21 @@ fn summary(needs: &[&NeedStatus]) -> String {
 /// needs' and the applied records' buckets.
 type Healths = std::collections::BTreeMap<String, Result<Health, HostError>>;
 
-/// The status of `module` on `node`, checked now.
-pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, HostError> {
-    module_with(env, node, module, &mut Healths::new())
+/// What a whole answer asks once, however many modules read it.
+#[derive(Default)]
+struct Asked {
+    healths: Healths,
+    providers: Providers,
 }
 
-/// As [`module`], asking each bucket's health at most once across calls sharing `healths`.
-fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -> Result<ModuleStatus, HostError> {
+/// The status of `module` on `node`, checked now.
+pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, HostError> {
+    module_with(env, node, module, &mut Asked::default())
+}
+
+/// As [`module`], asking each bucket's health and each provider's assignments at most once
+/// across calls sharing `asked`.
+fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Result<ModuleStatus, HostError> {
     let pair = format!("{node}.{module}");
     let plan = plan::compute(env, node, module, false)?;
     let mut out_of_shape = Vec::new();
@@ -415,7 +440,7 @@ fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -
     let mut checked: Vec<NeedStatus> = needs
         .into_iter()
         .map(|(need, recorded, planned)| {
-            let Checked { place, check, reason, provider } = check(env, node, module, &need, parts, values);
+            let Checked { place, check, reason, provider } = check(env, node, module, &need, parts, values, &mut asked.providers);
             let generation = matches!(place, Place::Bucket { .. })
                 .then(|| crate::holders::generation(&check, record.as_ref(), &format!("{}:{}", need.kind, need.name)).currency);
             NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason, generation, provider }
@@ -438,7 +463,7 @@ fn module_with(env: &dyn Env, node: &str, module: &str, healths: &mut Healths) -
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
     let since = crate::record::since(env, node, module, state.name());
-    let warnings = warnings(env, node, &checked, healths);
+    let warnings = warnings(env, node, &checked, &mut asked.healths);
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
             revision = revision.max(r);
@@ -752,9 +777,9 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     let head_len = 64;
     let (mut entries, mut shapes): (Vec<Box<RawValue>>, Vec<Box<RawValue>>) = (Vec::new(), Vec::new());
     let (mut used, mut revision, mut last, mut cut) = (0usize, 0u64, None::<String>, false);
-    let mut healths = Healths::new();
+    let mut asked = Asked::default();
     for (n, m) in &page.pairs {
-        let s = module_with(env, n, m, &mut healths)?;
+        let s = module_with(env, n, m, &mut asked)?;
         let entry = raw(&Line::of(&s));
         let shape: Vec<Box<RawValue>> = s.out_of_shape.iter().map(raw).collect();
         let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();

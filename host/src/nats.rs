@@ -189,14 +189,14 @@ impl NatsBackend {
     pub async fn write_state(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<()> {
         self.check_writable()?;
         crate::mirror::check_subject(key, false)?;
-        let rev = bounded(|| format!("writing state record {key}"), async {
-            match (value.is_empty(), expected) {
-                (true, _) => self.states.delete_expect_revision(key, Some(expected)).await.map(|()| 0).map_err(|e| update_err("state record delete", e)),
-                (false, 0) => self.states.create(key, value.into()).await.map_err(|e| create_err("state record create", e)),
-                (false, _) => self.states.update(key, value.into(), expected).await.map_err(|e| update_err("state record write", e)),
-            }
-        })
-        .await?;
+        if value.is_empty() {
+            // A delete's marker is not the next decision's concern: no record reads as none.
+            return bounded(|| format!("deleting state record {key}"), async {
+                self.states.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("state record delete", e))
+            })
+            .await;
+        }
+        let rev = cas_put(&self.states, "state record", key, value, expected).await?;
         self.settle(STATES_BUCKET, rev).await;
         Ok(())
     }
@@ -648,6 +648,19 @@ impl Follower {
     }
 }
 
+/// A compare-and-set write of `key` in `store` (`what` names the bucket in errors): created
+/// when `expected` is 0, else updated from that revision; the new revision.
+async fn cas_put(store: &kv::Store, what: &str, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
+    bounded(|| format!("writing {what} key {key}"), async {
+        if expected == 0 {
+            store.create(key, value.into()).await.map_err(|e| create_err(&format!("{what} create"), e))
+        } else {
+            store.update(key, value.into(), expected).await.map_err(|e| update_err(&format!("{what} write"), e))
+        }
+    })
+    .await
+}
+
 fn create_err(what: &str, e: kv::CreateError) -> Error {
     let kind = match e.kind() {
         kv::CreateErrorKind::AlreadyExists => ErrorKind::Conflict,
@@ -680,14 +693,7 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
-            let rev = bounded(|| format!("writing registry key {key}"), async {
-                if expected == 0 {
-                    self.registry.create(key, value.into()).await.map_err(|e| create_err("registry create", e))
-                } else {
-                    self.registry.update(key, value.into(), expected).await.map_err(|e| update_err("registry write", e))
-                }
-            })
-            .await?;
+            let rev = cas_put(&self.registry, "registry", key, value, expected).await?;
             self.settle(REGISTRY_BUCKET, rev).await;
             Ok(rev)
         })
