@@ -102,6 +102,69 @@ impl Changes {
     }
 }
 
+/// The batches of changes still to hand to the guest, split where it fails: a batch the guest
+/// fails (a trap, its deadline, its memory: the same input would fail the same way) is tried in
+/// halves, each on its own, down to the single changes it fails on, which are given up with
+/// why. So one module that cannot be computed (a composition too large for the guest's memory,
+/// a bucket that cannot be read within the deadline) costs that module, never the whole mesh's.
+/// Used by every task that follows changes (plans, module states):
+///
+/// ```text
+/// while let Some(batch) = work.next() { call the guest: answered(rest) / guest_failed / left }
+/// ```
+#[derive(Default)]
+pub struct Split {
+    work: Vec<Vec<Change>>,
+    given_up: Vec<(Change, String)>,
+}
+
+impl Split {
+    pub fn new(batch: Vec<Change>) -> Split {
+        Split { work: vec![batch], given_up: Vec::new() }
+    }
+
+    /// The next batch to hand to the guest.
+    pub fn next(&mut self) -> Option<Vec<Change>> {
+        while let Some(batch) = self.work.pop() {
+            if !batch.is_empty() {
+                return Some(batch);
+            }
+        }
+        None
+    }
+
+    /// The guest answered a batch and handed back `rest` for another call.
+    pub fn answered(&mut self, rest: Vec<Change>) {
+        self.work.push(rest);
+    }
+
+    /// The guest itself failed on `batch`.
+    pub fn guest_failed(&mut self, mut batch: Vec<Change>, why: String) {
+        if batch.len() > 1 {
+            tracing::warn!(changes = batch.len(), "the guest failed on a batch of changes ({why}); trying it in halves to find the ones it fails on");
+            let second = batch.split_off(batch.len() / 2);
+            self.work.push(second);
+            self.work.push(batch);
+        } else if let Some(change) = batch.into_iter().next() {
+            tracing::warn!(bucket = change.bucket, key = ?change.key, "what this change moves cannot be computed: {why}; the rest is, and this one is tried again when it changes");
+            self.given_up.push((change, why));
+        }
+    }
+
+    /// The host could not serve `batch` (the bus's failure, not the input's): every change not
+    /// yet answered, to be asked again later.
+    pub fn left(self, batch: Vec<Change>) -> Vec<Change> {
+        let mut left: Vec<Change> = self.work.into_iter().flatten().collect();
+        left.extend(batch);
+        left
+    }
+
+    /// The single changes the guest failed on every time, with why.
+    pub fn given_up(self) -> Vec<(Change, String)> {
+        self.given_up
+    }
+}
+
 /// Whether `bucket` is named by `pattern`: a name, or a name with one `*` standing for a
 /// non-empty part of it (`composed-*`, `*_bound`). Bucket names only, never keys.
 pub fn bucket_matches(pattern: &str, bucket: &str) -> bool {
@@ -155,5 +218,38 @@ mod tests {
         c.record("composed-alpha", Some("app.b1"));
         c.record("composed-beta", None);
         assert_eq!(c.pending(), 2);
+    }
+
+    #[test]
+    fn a_batch_the_guest_fails_on_is_split_down_to_the_change_it_fails_on() {
+        let batch: Vec<Change> = (0..5).map(|i| change("b", Some(&format!("k{i}")))).collect();
+        let bad = change("b", Some("k3"));
+        let mut work = Split::new(batch);
+        let (mut answered, mut calls) = (Vec::new(), 0);
+        while let Some(batch) = work.next() {
+            calls += 1;
+            if batch.contains(&bad) {
+                work.guest_failed(batch, "trapped".into());
+            } else {
+                answered.extend(batch);
+                work.answered(Vec::new());
+            }
+        }
+        answered.sort();
+        assert_eq!(answered.len(), 4, "every other change answered: {answered:?}");
+        assert!(!answered.contains(&bad));
+        assert!(calls <= 7, "halves, not one call per change and more: {calls}");
+        assert_eq!(work.given_up(), vec![(bad, "trapped".to_string())]);
+    }
+
+    #[test]
+    fn a_host_failure_hands_back_everything_not_answered() {
+        let mut work = Split::new(vec![change("b", Some("k0")), change("b", Some("k1"))]);
+        let first = work.next().unwrap();
+        work.guest_failed(first, "deadline".into());
+        let half = work.next().unwrap();
+        let mut left = work.left(half);
+        left.sort();
+        assert_eq!(left, vec![change("b", Some("k0")), change("b", Some("k1"))]);
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::changes::Changes;
+use crate::changes::{Changes, Split};
 use crate::current::Current;
 use crate::runtime::{Change, Guest, Limits};
 
@@ -85,44 +85,29 @@ pub struct Followed {
     pub given_up: Vec<(Change, String)>,
 }
 
-/// Refreshes `batch` and every rest the guest hands back until none is left. A call the guest
-/// itself fails is split in halves, each tried on its own, down to single changes: one module
-/// whose plan cannot be computed (a composition too large for the guest's memory, say) costs
-/// that module, never the whole mesh's refresh. A host failure stops the whole batch, which is
-/// handed back (`Err`) to be asked again later: it is the bus's, not the input's.
+/// Refreshes `batch` and every rest the guest hands back until none is left, split where the
+/// guest fails ([`Split`]): one module whose plan cannot be computed costs that module, never
+/// the whole mesh's refresh. A host failure stops the whole batch, which is handed back (`Err`,
+/// with the plans not kept so far) to be asked again later: it is the bus's, not the input's.
 pub async fn refresh_through(guest: &Guest, backend: &Arc<dyn Backend>, limits: Limits, batch: Vec<Change>) -> Result<Followed, (Vec<Change>, String)> {
     let mut followed = Followed::default();
-    let mut work = vec![batch];
-    while let Some(batch) = work.pop() {
-        if batch.is_empty() {
-            continue;
-        }
+    let mut work = Split::new(batch);
+    while let Some(batch) = work.next() {
         match refresh_once(guest, backend, limits, &batch).await {
             Ok((computed, rest, retry)) => {
                 followed.computed += computed;
                 followed.not_kept.extend(retry);
-                work.push(rest);
+                work.answered(rest);
             }
             Err(Failed::Host(e)) => {
-                let mut left: Vec<Change> = work.into_iter().flatten().collect();
-                left.extend(batch);
+                let mut left = work.left(batch);
                 left.extend(followed.not_kept);
                 return Err((left, e));
             }
-            Err(Failed::Guest(e)) if batch.len() > 1 => {
-                tracing::warn!(changes = batch.len(), "the guest failed to refresh plans ({e}); refreshing the changes in halves to find the ones it fails on");
-                let mut batch = batch;
-                let second = batch.split_off(batch.len() / 2);
-                work.push(second);
-                work.push(batch);
-            }
-            Err(Failed::Guest(e)) => {
-                let Some(change) = batch.into_iter().next() else { continue };
-                tracing::warn!(bucket = change.bucket, key = ?change.key, "the plans this change moves cannot be refreshed: {e}; the rest of the mesh is, and this one is tried again when it changes");
-                followed.given_up.push((change, e));
-            }
+            Err(Failed::Guest(e)) => work.guest_failed(batch, e),
         }
     }
+    followed.given_up = work.given_up();
     Ok(followed)
 }
 

@@ -7,7 +7,8 @@
 //! The record on the bus is what makes `since` survive a restart and a takeover: a standby's
 //! mirror holds it, and a new holder compares with it rather than starting every clock again.
 //! A record that loses its compare-and-set publishes nothing and its module is found again, so
-//! a change is told at most once; a standby publishes nothing and decides nothing. Discovery
+//! a change is told at most once; a standby publishes nothing and decides nothing. A batch the
+//! guest fails on is split down to the changes it fails on, as plans are. Discovery
 //! is not a bucket, so the whole mesh is swept now and then (`--state-sweep-every`), a page per
 //! call, never using more than about half of a core.
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::backend::{Backend, STATES_BUCKET};
-use crate::changes::Changes;
+use crate::changes::{Changes, Split};
 use crate::current::Current;
 use crate::error::ErrorKind;
 use crate::runtime::{Change, Limits, TransitionReport};
@@ -126,11 +127,17 @@ impl Recorder {
         }
     }
 
-    /// Hands `batch` and every rest to the guest until none is left or the seat is lost;
-    /// what is to be asked again later comes back.
-    async fn through(&self, guest: &crate::runtime::Guest, limits: Limits, mut batch: Vec<Change>) -> Vec<Change> {
+    /// Hands `batch` and every rest to the guest until none is left or the seat is lost, split
+    /// where the guest fails ([`Split`]: a module whose state cannot be found within the
+    /// deadline costs that module, never the others' events); what is to be asked again later
+    /// comes back.
+    async fn through(&self, guest: &crate::runtime::Guest, limits: Limits, batch: Vec<Change>) -> Vec<Change> {
         let mut again = Vec::new();
-        while !batch.is_empty() && self.seat.is_held() {
+        let mut work = Split::new(batch);
+        while let Some(batch) = work.next() {
+            if !self.seat.is_held() {
+                break;
+            }
             let now = crate::service::rfc3339(SystemTime::now());
             let started = Instant::now();
             let report = match guest.transitions(self.backend.clone(), limits, &batch, &now).await {
@@ -138,25 +145,25 @@ impl Recorder {
                 Ok(Err(e)) => {
                     tracing::warn!(changes = batch.len(), "finding module states failed: {e}; asking again");
                     tokio::time::sleep(RETRY).await;
-                    again.extend(batch);
+                    again.extend(work.left(batch));
                     return again;
                 }
                 Err(e) => {
-                    // The same input would fail the same way: these changes wait for the next
-                    // change or sweep; the status verb still answers each module.
-                    tracing::warn!(changes = batch.len(), "the guest failed finding module states: {e}");
-                    return again;
+                    work.guest_failed(batch, e.to_string());
+                    continue;
                 }
             };
             let took = started.elapsed();
             again.extend(self.apply(&report).await);
-            batch = report.rest;
-            if !batch.is_empty() {
+            if !report.rest.is_empty() {
                 // A sweep of a large mesh goes on a page at a time, leaving the core to the
                 // verbs at least half of the time.
                 tokio::time::sleep(took).await;
             }
+            work.answered(report.rest);
         }
+        // What the guest failed on every time (logged by `Split`) waits for its next change or
+        // the next sweep; the status verb still answers each module.
         again
     }
 
