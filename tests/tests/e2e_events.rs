@@ -182,6 +182,15 @@ async fn since_survives_a_takeover_and_the_new_holder_tells_nothing_twice() {
     let controller = bus.client("mesh-controller").await;
     let mut events = controller.subscribe("mesh-provisioner.event.>").await.unwrap();
     controller.flush().await.unwrap();
+    // Two instances, one event: the standby tells nothing.
+    let start = Instant::now();
+    while !(one.log_text().contains("standing by") || two.log_text().contains("standing by")) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no standby:\n{}", two.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bus.put("node-alpha", NEEDS, "alpha.other.config.x", b"{}").await;
+    let told = heard(&mut events, Duration::from_secs(10), Duration::from_secs(2)).await;
+    assert_eq!(moves(&told, "alpha", "other"), [(Value::Null, "pending".to_string())], "told once, by the holder only: {told:?}");
     // The holder dies; the standby takes the seat and sweeps every module.
     let holder = bus.seat_holder().await.expect("a holder");
     let (dead, alive) = if holder == "one" { (&one, &two) } else { (&two, &one) };
