@@ -61,6 +61,12 @@ async fn a_provider_assigned_applied_and_moved_is_told_once_per_change_to_whom_i
     }
     denials.expect("Subscription to", "mesh-provisioner.event.beta").await;
     denials.expect("Subscription to", "mesh-provisioner.event.>").await;
+    // Nor can it forge one, or a state record (a false `since`), for any node, its own included.
+    for subject in ["mesh-provisioner.event.beta", "mesh-provisioner.event.alpha", "$KV.mesh-provisioner_states.alpha.app", "$KV.mesh-provisioner_states.beta.api"] {
+        spy.publish(subject, r#"{"node":"beta","module":"api","state":"applied","was":"blocked","reason":"forged","since":"2000-01-01T00:00:00Z"}"#.into()).await.unwrap();
+        spy.flush().await.unwrap();
+        denials.expect("Publish to", subject).await;
+    }
 
     // alpha/app and beta/api need postgres's bound value; nothing provides it: blocked.
     bus.put("node-alpha", NEEDS, "alpha.app.bound.postgres=2Edb", b"{}").await;
