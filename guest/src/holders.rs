@@ -41,6 +41,8 @@ pub enum Currency {
 }
 
 impl Currency {
+    pub const ALL: [Currency; 4] = [Currency::Current, Currency::Stale, Currency::NeverApplied, Currency::Unknown];
+
     pub fn name(self) -> &'static str {
         match self {
             Currency::Current => "current",
@@ -193,30 +195,45 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
     }
     // Past a cut, the page ends at the last holder listed; otherwise at the last module looked at.
     let next = if cut { last } else if page.more { page.last.clone() } else { None };
-    #[derive(Serialize)]
-    struct Page<'a> {
-        what: &'a str,
-        kind: &'a str,
-        name: &'a str,
-        holders: Vec<Box<RawValue>>,
-        count: usize,
-        all_current: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        next: Option<String>,
-    }
     let count = list.len();
     let body = to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next });
     Ok(Reply { code: Code::Ok, body: body.into_bytes() })
 }
 
+/// A page of `holders`.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "HoldersPage"))]
+pub(crate) struct Page<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::holders_what"))]
+    what: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
+    kind: &'a str,
+    name: &'a str,
+    /// One module each, in `<node>.<module>` order.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    holders: Vec<Box<RawValue>>,
+    /// How many holders this page lists.
+    count: usize,
+    /// Whether every holder listed runs the value at its place now.
+    all_current: bool,
+    /// Where the next page starts (as `after`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
 /// One holder, as `holders` lists it.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "Holder"))]
 struct Line<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     module: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::sources"))]
     source: Vec<&'static str>,
     #[serde(flatten)]
     place: &'a Place,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::currency"))]
     state: &'static str,
     applied_revision: Option<u64>,
     revision: Option<u64>,
@@ -357,9 +374,13 @@ pub fn notices(env: &dyn Env, event: &Event) -> Result<Vec<Notice>, HostError> {
 
 /// A notice's body: which need of which module changed, where, at which revision.
 #[derive(Serialize)]
-struct NoticeBody<'a> {
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct NoticeBody<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     module: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     kind: &'a str,
     name: &'a str,
     place: NoticePlace<'a>,
@@ -369,6 +390,7 @@ struct NoticeBody<'a> {
 }
 
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 struct NoticePlace<'a> {
     bucket: &'a str,
     key: &'a str,

@@ -28,6 +28,7 @@ pub fn composed_node(bucket: &str) -> Option<&str> {
 
 /// A key of `mesh-provisioner_needs`: `<node>.<module>.<kind>.<name>`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NeedKey {
     pub node: String,
     pub module: String,
@@ -37,6 +38,7 @@ pub struct NeedKey {
 
 /// A key of `mesh-provisioner_applied`: `<node>.<module>`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AppliedKey {
     pub node: String,
     pub module: String,
@@ -51,6 +53,7 @@ pub struct ComposedKey {
 
 /// A key of `mesh-provisioner_collect`: `<node>.<collection>.<contributor>`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CollectKey {
     pub node: String,
     pub collection: String,

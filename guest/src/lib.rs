@@ -21,6 +21,8 @@ pub mod reconcile;
 pub mod refresh;
 pub mod registry;
 pub mod request;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod status;
 pub mod transitions;
 pub mod value;

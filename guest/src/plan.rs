@@ -30,7 +30,12 @@ pub enum State {
     Waiting,
 }
 
+/// Why a build is read for a module.
+pub const ROLES: [&str; 3] = ["want", "have", "newest"];
+
 impl State {
+    pub const ALL: [State; 3] = [State::Planned, State::Held, State::Waiting];
+
     pub fn name(self) -> &'static str {
         match self {
             State::Planned => "planned",
@@ -340,38 +345,6 @@ impl Plan {
 
     /// The answer of the verb `mesh-provisioner.plan`, as JSON text.
     pub fn render(&self) -> String {
-        #[derive(Serialize)]
-        struct Answer<'a> {
-            node: &'a str,
-            module: &'a str,
-            state: &'static str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            reason: Option<String>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            want: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            have: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            newest: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            not_kept: Option<String>,
-            entries: Vec<Line<'a>>,
-        }
-        #[derive(Serialize)]
-        struct Line<'a> {
-            #[serde(rename = "as")]
-            roles: &'a [&'static str],
-            build: Option<&'a str>,
-            state: &'static str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            reason: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            plan_build: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            plan: Option<&'a RawValue>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            provisions: Option<Vec<provision::Provision<'a>>>,
-        }
         let (state, reason) = self.state();
         let not_kept = self.not_kept.as_ref().map(|why| {
             format!("the host could not keep this plan ({why}); it tries again, and until it can, a refusal after a restart holds the module on an older plan or leaves it waiting")
@@ -401,6 +374,49 @@ impl Plan {
             entries,
         })
     }
+}
+
+/// The answer of `mesh-provisioner.plan`.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "Plan"))]
+pub(crate) struct Answer<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
+    node: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
+    module: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::plan_state"))]
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    want: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    have: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    newest: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_kept: Option<String>,
+    entries: Vec<Line<'a>>,
+}
+/// One build read for the module, and what it gives.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "PlanBuild"))]
+struct Line<'a> {
+    #[serde(rename = "as")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::roles"))]
+    roles: &'a [&'static str],
+    build: Option<&'a str>,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::plan_state"))]
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan_build: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The plan given, as the composition holds it.
+    plan: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provisions: Option<Vec<provision::Provision<'a>>>,
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use crate::registry::{self, Answer, Domain};
 
 /// One need of a plan, as the composition lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Need {
     pub kind: String,
     pub name: String,
@@ -48,6 +49,7 @@ pub fn need(v: &Value) -> Result<Need, String> {
 /// The provision of one need of a plan, as the plan verb lists it: the need and where its
 /// value is found, or the need as written and why it cannot be read.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub(crate) enum Provision<'a> {
     Read {
@@ -56,7 +58,13 @@ pub(crate) enum Provision<'a> {
         #[serde(flatten)]
         resolved: Resolved,
     },
-    Unreadable { need: &'a Value, malformed: bool, reason: String },
+    /// A need that is not an object of strings: as written, and why.
+    Unreadable {
+        #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::any"))]
+        need: &'a Value,
+        malformed: bool,
+        reason: String,
+    },
 }
 
 /// The provision of `raw`, a need of `module` on `node` as its plan lists it.
@@ -290,5 +298,32 @@ mod tests {
         assert!(need(&json!({"kind":"config","name":3})).unwrap_err().contains("must be a string"));
         assert!(need(&json!("config:x")).unwrap_err().contains("an object"));
         assert!(need(&json!({"kind":"config","name":"x","extra":1})).unwrap_err().contains("\"extra\""));
+    }
+}
+
+/// `Resolved` is written by hand (above); its schema says the same maps.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Resolved {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Resolved".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Where the need's value is found: a verb, or a bucket and a key (a subject filter when a token cannot be filled); or why it cannot be read.",
+            "type": "object",
+            "anyOf": [
+                { "properties": { "domain": { "type": "string" }, "verb": { "type": "string" } }, "required": ["domain", "verb"] },
+                {
+                    "properties": {
+                        "domain": { "type": "string" }, "bucket": { "type": "string" }, "collection": { "type": "string" },
+                        "key": { "type": "string" }, "filter": { "type": "string" }
+                    },
+                    "required": ["domain", "bucket"],
+                    "oneOf": [{ "required": ["key"] }, { "required": ["filter"] }]
+                },
+                { "properties": { "unanswered": { "const": true }, "reason": { "type": "string" } }, "required": ["unanswered", "reason"] },
+                { "properties": { "malformed": { "const": true }, "reason": { "type": "string" } }, "required": ["malformed", "reason"] }
+            ]
+        })
     }
 }

@@ -16,10 +16,13 @@ pub const STATES: &str = "mesh-provisioner_states";
 
 /// One module's recorded state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Record {
     /// The state's name (`pending`, `applied`, …).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::module_state"))]
     pub state: String,
     /// When the holder first saw the module in it (RFC 3339, UTC).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::timestamp"))]
     pub since: String,
 }
 

@@ -31,6 +31,9 @@ pub enum What {
 }
 
 impl What {
+    /// Every `what`, in the order the SPEC lists them.
+    pub const ALL: [What; 6] = [What::Registry, What::Needs, What::Applied, What::Collect, What::Status, What::Holders];
+
     pub fn name(self) -> &'static str {
         match self {
             What::Registry => "registry",
@@ -42,7 +45,8 @@ impl What {
         }
     }
 
-    fn allows(self, field: &str) -> bool {
+    /// Whether a request for `self` may carry `field`.
+    pub fn allows(self, field: &str) -> bool {
         matches!(
             (self, field),
             (_, "what" | "limit" | "after")

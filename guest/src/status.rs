@@ -53,6 +53,10 @@ pub enum Check {
 }
 
 impl Check {
+    /// Every name a check may have ([`Check::name`]).
+    pub const NAMES: [&'static str; 9] =
+        ["present", "answered", "stale", "missing", "provider_pending", "no_provider", "unanswered", "not_installed", "unknown"];
+
     pub fn name(&self) -> &'static str {
         match self {
             Check::Present { .. } | Check::Collected { .. } => "present",
@@ -96,7 +100,10 @@ pub struct NeedStatus {
 /// A module that provides values (a `bound` provider, a verb's service), where the controller
 /// assigned it, and whether it is applied on each of those nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Provider {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
+
     pub module: String,
     pub nodes: Vec<ProviderNode>,
     /// Nodes assigned past the [`MAX_PROVIDER_NODES`] listed.
@@ -110,7 +117,10 @@ fn is_zero(n: &usize) -> bool {
 
 /// One node a provider is assigned to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderNode {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
+
     pub node: String,
     pub applied: bool,
 }
@@ -174,6 +184,8 @@ pub enum State {
 }
 
 impl State {
+    pub const ALL: [State; 6] = [State::NeverRan, State::Pending, State::NothingNeeded, State::Applied, State::Degraded, State::Blocked];
+
     pub fn name(self) -> &'static str {
         match self {
             State::NeverRan => "never_ran",
@@ -188,6 +200,7 @@ impl State {
 
 /// A key in a module's scope that does not fit its bucket's shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct OutOfShape {
     pub key: String,
     pub bucket: &'static str,
@@ -799,28 +812,44 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
         revision = revision.max(s.revision);
         last = Some(key);
     }
-    #[derive(Serialize)]
-    struct Page {
-        what: &'static str,
-        revision: u64,
-        entries: Vec<Box<RawValue>>,
-        out_of_shape: Vec<Box<RawValue>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        next: Option<String>,
-    }
     let next = if page.more || cut { last } else { None };
     let body = to_json(&Page { what: "status", revision, entries, out_of_shape: shapes, next });
     Ok(Reply { code: Code::Ok, body: body.into_bytes() })
 }
 
+/// A page of `status`.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "StatusPage"))]
+pub(crate) struct Page {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::status_what"))]
+    what: &'static str,
+    /// The newest revision among the modules listed.
+    revision: u64,
+    /// One module each, in `<node>.<module>` order.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    entries: Vec<Box<RawValue>>,
+    /// Keys in a listed module's scope that fit no shape.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<OutOfShape>"))]
+    out_of_shape: Vec<Box<RawValue>>,
+    /// Where the next page starts (as `after`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
 /// One module's status, as `status` lists it.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "ModuleStatus"))]
 struct Line<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     module: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::module_state"))]
     state: &'static str,
     reason: &'a str,
+    /// Since when the module has been in `state` (absent until the seat's holder recorded it).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::timestamp"))]
     since: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     want: Option<&'a str>,
@@ -852,16 +881,20 @@ impl<'a> Line<'a> {
 
 /// One need of a module's status.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "NeedStatus"))]
 struct NeedLine<'a> {
     kind: &'a str,
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     part: Option<&'a str>,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::sources"))]
     source: Vec<&'static str>,
     #[serde(flatten)]
     place: &'a Place,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::check"))]
     check: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::currency"))]
     generation: Option<&'static str>,
     #[serde(flatten)]
     found: &'a Check,
@@ -931,5 +964,50 @@ impl Serialize for Check {
             _ => {}
         }
         m.end()
+    }
+}
+
+/// `Place` and `Check` are written by hand (above); their schemas say the same maps.
+#[cfg(feature = "schema")]
+mod schema {
+    use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+    use std::borrow::Cow;
+
+    impl JsonSchema for super::Place {
+        fn schema_name() -> Cow<'static, str> {
+            "Place".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "Where the value is: a bucket and a key (or a subject filter), or a verb; nothing for a need no domain answers.",
+                "type": "object",
+                "properties": {
+                    "domain": { "type": "string" },
+                    "bucket": { "type": "string" },
+                    "key": { "type": "string" },
+                    "filter": { "type": "string" },
+                    "verb": { "type": "string" }
+                },
+                "dependentRequired": { "bucket": ["domain"], "verb": ["domain"], "key": ["bucket"], "filter": ["bucket"] }
+            })
+        }
+    }
+
+    impl JsonSchema for super::Check {
+        fn schema_name() -> Cow<'static, str> {
+            "Found".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "What the check found: the revision at the place (and the one its holder applied), a collection's items, a verb's responders.",
+                "type": "object",
+                "properties": {
+                    "revision": { "type": "integer", "minimum": 0 },
+                    "applied_revision": { "type": "integer", "minimum": 0 },
+                    "items": { "type": "integer", "minimum": 0 },
+                    "responders": { "type": "integer", "minimum": 0 }
+                }
+            })
+        }
     }
 }

@@ -72,14 +72,25 @@ pub struct Report {
     pub rest: Vec<(String, Option<String>)>,
 }
 
+/// The state an event tells of a module no source knows any more (its record is deleted).
+pub const GONE: &str = "gone";
+
 /// An event on `mesh-provisioner.event.<node>`.
 #[derive(Serialize)]
-struct Event<'a> {
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct Event<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     module: &'a str,
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::event_state"))]
     state: &'a str,
+    /// The state recorded before (`null`: never recorded).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::module_state_or_null"))]
     was: Option<&'a str>,
     reason: &'a str,
+    /// When the module entered `state` (RFC 3339, UTC).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::timestamp"))]
     since: &'a str,
 }
 
@@ -228,9 +239,9 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool) -> Result<Option<
         // Gone from every source: its record goes, and a watcher is told once.
         let Some(was) = was else { return Ok(None) };
         let reason = format!("{module} on {node} is no longer assigned, applied, needed or composed");
-        let event = Event { node, module, state: "gone", was: Some(was), reason: &reason, since: now };
+        let event = Event { node, module, state: GONE, was: Some(was), reason: &reason, since: now };
         let event = Some(crate::value::to_json(&event).into_bytes());
-        return Ok(Some(Transition { key, value: Vec::new(), expected, node: node.into(), state: "gone", event }));
+        return Ok(Some(Transition { key, value: Vec::new(), expected, node: node.into(), state: GONE, event }));
     }
     let s = status::module(env, node, module)?;
     let state = s.state.name();

@@ -37,8 +37,11 @@ pub fn escaped_char_len(c: char) -> usize {
 }
 
 /// Which of `recorded` and `planned` a holder or need comes from, as a list.
+/// Where a need of a module was learnt: its recorded needs, its plan.
+pub const SOURCES: [&str; 2] = ["recorded", "planned"];
+
 pub fn sources(recorded: bool, planned: bool) -> Vec<&'static str> {
-    [("recorded", recorded), ("planned", planned)].into_iter().filter(|(_, on)| *on).map(|(s, _)| s).collect()
+    [(SOURCES[0], recorded), (SOURCES[1], planned)].into_iter().filter(|(_, on)| *on).map(|(s, _)| s).collect()
 }
 
 /// A stored value as a reply shows it, flattened into its entry: `value`, and `encoding` when
@@ -48,11 +51,23 @@ pub fn sources(recorded: bool, planned: bool) -> Vec<&'static str> {
 /// range (`7E77777…`, found by fuzzing) fits the grammar but makes common parsers, this
 /// project's `query` among them, refuse the whole reply; such a value goes as text.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum Shown<'a> {
+    /// A value that is JSON, as it is.
     Json { value: &'a RawValue },
-    Text { value: &'a str, encoding: &'static str },
-    Binary { value: String, encoding: &'static str },
+    /// A value that is UTF-8 but not JSON.
+    Text {
+        value: &'a str,
+        #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::utf8"))]
+        encoding: &'static str,
+    },
+    /// Any other value, in base64.
+    Binary {
+        value: String,
+        #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::base64"))]
+        encoding: &'static str,
+    },
 }
 
 impl<'a> Shown<'a> {

@@ -26,6 +26,8 @@ pub enum Code {
 }
 
 impl Code {
+    pub const ALL: [Code; 4] = [Code::Ok, Code::BadRequest, Code::Unavailable, Code::Internal];
+
     pub fn name(self) -> &'static str {
         match self {
             Code::Ok => "ok",
@@ -47,16 +49,7 @@ impl Reply {
     /// bytes), the reply fits the smallest budget: a message whose escaped form is longer than
     /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
     pub fn error(code: Code, message: &str) -> Reply {
-        #[derive(Serialize)]
-        struct Body<'a> {
-            error: Error<'a>,
-        }
-        #[derive(Serialize)]
-        struct Error<'a> {
-            code: &'a str,
-            message: &'a str,
-        }
-        let body = to_json(&Body { error: Error { code: code.name(), message: &within_message(message) } });
+        let body = to_json(&ErrorBody { error: ErrorLine { code: code.name(), message: &within_message(message) } });
         Reply { code, body: body.into_bytes() }
     }
 
@@ -68,6 +61,37 @@ impl Reply {
             other => Reply::error(Code::Internal, &format!("the store failed: {other}")),
         }
     }
+}
+
+/// The body of an error reply.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct ErrorBody<'a> {
+    pub error: ErrorLine<'a>,
+}
+
+/// What went wrong: a code (as the header says it) and a message for a person.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct ErrorLine<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::code"))]
+    pub code: &'a str,
+    /// Said for a person; the guest's are cut at 1 KiB.
+    pub message: &'a str,
+}
+
+/// Any answer of the verb, as its schema says it: which one is the request's `what`'s.
+#[cfg(feature = "schema")]
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum AnyAnswer {
+    /// `registry`, `needs`, `applied`, `collect`: a page of one bucket's keys.
+    Bucket(Answer<'static>),
+    /// `status`: a page of modules, each with its state and needs.
+    Status(crate::status::Page),
+    /// `holders`: a page of the modules that hold a value.
+    Holders(crate::holders::Page<'static>),
 }
 
 /// Smallest reply budget honoured: below this not even one out-of-shape line would fit.
@@ -213,7 +237,8 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
 
 /// One line of the answer: an entry, or a key out of shape with its reason.
 #[derive(Serialize)]
-struct Line<'a> {
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketLine"))]
+pub(crate) struct Line<'a> {
     key: &'a str,
     #[serde(flatten)]
     fields: Option<Fields>,
@@ -224,6 +249,7 @@ struct Line<'a> {
 
 /// What the key says, by the bucket's shape.
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 enum Fields {
     Registry { kind: String },
@@ -233,6 +259,7 @@ enum Fields {
 }
 
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 enum Tail<'a> {
     Value(Shown<'a>),
@@ -243,6 +270,7 @@ enum Tail<'a> {
 }
 
 #[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 struct Omitted {
     bytes: usize,
     reason: &'static str,
@@ -269,11 +297,19 @@ fn line(what: What, e: &Entry, value: bool) -> (Box<RawValue>, bool) {
 
 /// A page of the answer.
 #[derive(Serialize)]
-struct Answer<'a> {
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketPage"))]
+pub(crate) struct Answer<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::bucket_what"))]
     what: &'a str,
+    /// The bucket's revision when it was read.
     revision: u64,
+    /// Keys in shape, with what each key says and its value.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
     entries: Vec<Box<RawValue>>,
+    /// Keys in scope that fit no shape, each with the reason.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
     out_of_shape: Vec<Box<RawValue>>,
+    /// Where the next page starts (as `after`); absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     next: Option<&'a str>,
 }

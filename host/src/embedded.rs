@@ -16,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SERVER_CONF: &str = include_str!("../../deploy/nats-server.conf");
 
 /// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
-pub const USERS: [(&str, &str); 12] = [
+pub const USERS: [(&str, &str); 15] = [
     ("PROVISIONER", "mesh-provisioner"),
     ("PROVISIONER_SERVICE", "mesh-provisioner-service"),
     ("MESH_OPERATOR", "mesh-operator"),
@@ -25,6 +25,9 @@ pub const USERS: [(&str, &str); 12] = [
     ("NODE_ALPHA", "node-alpha"),
     ("NODE_BETA", "node-beta"),
     ("NODE_GAMMA", "node-gamma"),
+    ("LEAF_ALPHA", "leaf-alpha"),
+    ("LEAF_BETA", "leaf-beta"),
+    ("LEAF_GAMMA", "leaf-gamma"),
     ("PROVIDER_POSTGRES", "provider-postgres"),
     ("MESH_CONFIG", "mesh-config"),
     ("MESH_VAULT", "mesh-vault"),

@@ -304,9 +304,22 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     // SNAPSHOT_FOR, however often Prometheus scrapes).
     if let Ok(s) = snapshot(&h).await {
         m.modules.clear();
+        m.modules_oldest.clear();
+        let now = time::OffsetDateTime::now_utc();
         for e in s["entries"].as_array().into_iter().flatten() {
             if let Some(state) = e["state"].as_str() {
-                m.modules.get_or_create(&crate::metrics::State { state: state.to_string() }).inc();
+                let label = crate::metrics::State { state: state.to_string() };
+                m.modules.get_or_create(&label).inc();
+                // How long the module has been in its state, for an alert on one stuck
+                // (blocked for an hour) that a count by state cannot tell from a new one.
+                let since = e["since"].as_str().and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+                if let Some(since) = since {
+                    let held = (now - since).whole_seconds().max(0);
+                    let oldest = m.modules_oldest.get_or_create(&label);
+                    if held > oldest.get() {
+                        oldest.set(held);
+                    }
+                }
             }
         }
     }

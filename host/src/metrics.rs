@@ -93,6 +93,7 @@ pub struct Metrics {
     pub mirror_audits: Family<Bucket, Counter>,
     pub mirror_repairs: Family<Bucket, Counter>,
     pub modules: Family<State, Gauge>,
+    pub modules_oldest: Family<State, Gauge>,
     pub plans_computed: Family<State, Counter>,
     pub plans_refreshed: Counter,
     pub reply_cache: Family<Outcome, Counter>,
@@ -139,6 +140,7 @@ impl Metrics {
             mirror_audits: Family::default(),
             mirror_repairs: Family::default(),
             modules: Family::default(),
+            modules_oldest: Family::default(),
             plans_computed: Family::default(),
             plans_refreshed: Counter::default(),
             reply_cache: Family::default(),
@@ -176,6 +178,7 @@ impl Metrics {
         registry.register("mirror_audits", "Audits of a bucket's mirror against its stream", m.mirror_audits.clone());
         registry.register("mirror_repairs", "Mirrors rebuilt because an audit found them different from their bucket", m.mirror_repairs.clone());
         registry.register("modules", "Modules by status state (applied, pending, degraded, failed, …), as of the last scrape", m.modules.clone());
+        registry.register("module_state_oldest_seconds", "Seconds the longest-held module of each state has been in it (its state record's since), as of the last scrape; a state no module has recorded is absent", m.modules_oldest.clone());
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
         registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());

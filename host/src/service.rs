@@ -34,6 +34,10 @@ pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
 pub const PLAN: &str = "mesh-provisioner.plan";
 /// The endpoints, by name and subject; the subject is the verb the guest is asked.
 pub const ENDPOINTS: [(&str, &str); 2] = [("provisioning", PROVISIONING), ("plan", PLAN)];
+/// The `$id` prefix of the wire's JSON Schemas (`docs/schema/<name>.json`); each endpoint's
+/// `$SRV.INFO` metadata names its request, response and error schemas by id, as the NATS
+/// ecosystem's services do (`e2e_serve` checks each names a file of `docs/schema/`).
+pub const SCHEMA_ID: &str = "urn:mesh-provisioner:schema:";
 pub const QUEUE_GROUP: &str = "q";
 pub const ERROR_HEADER: &str = "Nats-Service-Error";
 pub const ERROR_CODE_HEADER: &str = "Nats-Service-Error-Code";
@@ -60,7 +64,9 @@ const REFUSALS_LOGGED: usize = 1024;
 /// otherwise starts so.
 pub fn is_inbox(subject: &str) -> bool {
     let first = subject.split('.').next().unwrap_or_default();
-    let inbox = first == "_INBOX" || (first.starts_with("_INBOX_") && first.len() > "_INBOX_".len());
+    // `_R_.…`: the server's own mapping of a reply across accounts (a node's leaf account
+    // asking through its import); its tokens are the server's, unguessable by a requester.
+    let inbox = first == "_INBOX" || (first == "_R_" && subject.len() > "_R_.".len()) || (first.starts_with("_INBOX_") && first.len() > "_INBOX_".len());
     inbox && crate::mirror::check_subject(subject, false).is_ok()
 }
 
@@ -138,7 +144,14 @@ impl Micro {
         v["description"] = json!("mesh-provisioner: the registry of placeholder kinds and what the nodes need, applied and collected");
         v["endpoints"] = ENDPOINTS
             .iter()
-            .map(|(name, subject)| json!({ "name": name, "subject": subject, "queue_group": QUEUE_GROUP, "metadata": null }))
+            .map(|(name, subject)| {
+                let metadata = json!({
+                    "request_schema": format!("{SCHEMA_ID}{name}.request"),
+                    "response_schema": format!("{SCHEMA_ID}{name}.reply"),
+                    "error_schema": format!("{SCHEMA_ID}error"),
+                });
+                json!({ "name": name, "subject": subject, "queue_group": QUEUE_GROUP, "metadata": metadata })
+            })
             .collect();
         v
     }
@@ -409,7 +422,7 @@ mod tests {
 
     #[test]
     fn replies_only_to_an_inbox() {
-        for ok in ["_INBOX.abc.1", "_INBOX_node-alpha.x.y", "_INBOX_mesh-provisioner.Zz9"] {
+        for ok in ["_INBOX.abc.1", "_INBOX_node-alpha.x.y", "_INBOX_mesh-provisioner.Zz9", "_R_.ab12.Cd34"] {
             assert!(is_inbox(ok), "{ok}");
         }
         for refused in [
@@ -420,6 +433,9 @@ mod tests {
             "$SRV.PING",
             "$JS.API.STREAM.DELETE.KV_mesh-provisioner_needs",
             "_INBOX_",
+            "_R_",
+            "_R_.",
+            "_R_X.a",
             "_INBOXX.a",
             "_INBOX.>",
             "_INBOX.*.a",

@@ -13,6 +13,8 @@ pub mod chaos;
 pub mod golden;
 pub mod native;
 pub mod nats;
+pub mod proxy;
+pub mod schema;
 pub mod status_mesh;
 
 /// The workspace's root. Read at run time (cargo sets it for tests and benches): a target
@@ -89,6 +91,7 @@ pub async fn ask_with(backend: Arc<dyn Backend>, body: &[u8], max_reply: u32) ->
         .expect("the guest answers");
     assert!(reply.body.len() <= max_reply.max(4096) as usize, "reply of {} bytes over {max_reply}", reply.body.len());
     let v: Value = serde_json::from_slice(&reply.body).expect("the reply is JSON");
+    schema::check(if reply.code == ReplyCode::Ok { "provisioning.reply" } else { "error" }, &v);
     (reply.code, v)
 }
 
@@ -115,4 +118,12 @@ fn list(v: &Value, field: &str) -> Vec<String> {
 pub fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// At most the first 2000 characters of `s`, for a failure message.
+pub fn shorten(s: &str) -> String {
+    match s.char_indices().nth(2000) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
 }

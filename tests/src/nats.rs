@@ -229,12 +229,21 @@ pub struct Cluster {
     /// The store of each server that is down, kept for its restart.
     parked: Vec<Option<TempDir>>,
     ports: Vec<u16>,
+    /// Each server's port for leaf nodes (the hub's `leafnodes` block), when it has one.
+    pub leaf_ports: Vec<u16>,
     blocks: Vec<String>,
     passwords: Vec<(String, String)>,
 }
 
 impl Cluster {
     pub async fn start(n: usize) -> Cluster {
+        Self::start_hub(n, false).await
+    }
+
+    /// A cluster whose servers also accept leaf nodes (each listens for them on
+    /// [`Cluster::leaf_ports`]; a node's leaf server logs in as the node's user). The leaf
+    /// ports are not advertised, so a leaf stays on the link it was given.
+    pub async fn start_hub(n: usize, leaf_nodes: bool) -> Cluster {
         let ports: Vec<(u16, u16)> = (0..n)
             .map(|_| (mesh_provisioner::embedded::free_port().unwrap(), mesh_provisioner::embedded::free_port().unwrap()))
             .collect();
@@ -242,10 +251,15 @@ impl Cluster {
             .iter()
             .map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap()))
             .collect();
-        let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), blocks: Vec::new(), passwords };
+        let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
-            let block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
+            let mut block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
+            if leaf_nodes {
+                let lport = mesh_provisioner::embedded::free_port().unwrap();
+                block.push_str(&format!("\nleafnodes {{\n  listen: \"127.0.0.1:{lport}\"\n  no_advertise: true\n}}"));
+                cluster.leaf_ports.push(lport);
+            }
             cluster.ports.push(*port);
             cluster.blocks.push(block);
             cluster.parked.push(Some(tempfile::tempdir().expect("temp dir")));
@@ -619,6 +633,8 @@ async fn ask_verb_within(client: &Client, verb: &str, body: &[u8], timeout: Dura
     let msg = client.send_request(verb.to_string(), req).await.map_err(|e| e.to_string())?;
     let code = msg.headers.as_ref().and_then(|h| h.get("Nats-Service-Error-Code")).map(|v| v.to_string());
     let v = serde_json::from_slice(&msg.payload).map_err(|e| format!("not JSON ({e}): {:?}", msg.payload))?;
+    // Every reply a test receives fits the schema a client would check it against.
+    crate::schema::check(crate::schema::of_reply(verb, code.as_deref()), &v);
     Ok((code, v))
 }
 

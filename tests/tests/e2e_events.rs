@@ -24,7 +24,9 @@ async fn heard(sub: &mut async_nats::Subscriber, first: Duration, quiet: Duratio
     let end = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut until = tokio::time::Instant::now() + first;
     while let Ok(Some(m)) = tokio::time::timeout_at(until.min(end), sub.next()).await {
-        out.push(serde_json::from_slice(&m.payload).expect("an event is JSON"));
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("an event is JSON");
+        tests::schema::check("event", &v);
+        out.push(v);
         until = tokio::time::Instant::now() + quiet;
     }
     out

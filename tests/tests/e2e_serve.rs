@@ -285,6 +285,23 @@ async fn srv_ping_and_info_name_the_component() {
     assert_eq!(info["metadata"]["component_digest"], digest.as_str());
     assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.6.0");
     assert_eq!(info["endpoints"][0]["subject"], "mesh-provisioner.provisioning");
+    // Each endpoint names its request, response and error schemas, each the `$id` of a file
+    // of docs/schema/ (what a client validates against).
+    let ids: std::collections::BTreeMap<String, String> = std::fs::read_dir(tests::schema::dir())
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let v: Value = serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+            (v["$id"].as_str().unwrap_or_default().to_string(), e.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    for (i, name) in ["provisioning", "plan"].into_iter().enumerate() {
+        let m = &info["endpoints"][i]["metadata"];
+        for (field, file) in [("request_schema", format!("{name}.request.json")), ("response_schema", format!("{name}.reply.json")), ("error_schema", "error.json".to_string())] {
+            let id = m[field].as_str().unwrap_or_else(|| panic!("{name} names no {field}: {m}"));
+            assert_eq!(ids.get(id), Some(&file), "{name}'s {field} {id} is no schema of docs/schema/");
+        }
+    }
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.unwrap();
     assert!(serde_json::from_slice::<Value>(&stats.payload).unwrap()["endpoints"].is_array());
     host.stop().await;
