@@ -21,7 +21,8 @@ pub fn at_refresh() {
 
 /// Called first by `handle`: `{"fixture":"trap"|"loop"|"alloc"}` misbehaves on demand,
 /// `{"fixture":"slow"}` answers normally after 1.5 s (time for the seat to be lost meanwhile), and
-/// `{"fixture":"probe"}` answers with what the sandbox lets it see. `Some` is a reply body.
+/// `{"fixture":"probe","port":N}` answers with what the sandbox lets it see (a TCP connection to
+/// the test's own listener on port N among it). `Some` is a reply body.
 #[inline(always)]
 pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
     #[cfg(feature = "fixture-misbehave")]
@@ -29,7 +30,10 @@ pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
         br#"{"fixture":"trap"}"# => core::arch::wasm32::unreachable(),
         br#"{"fixture":"loop"}"# => spin(),
         br#"{"fixture":"alloc"}"# => hoard(),
-        br#"{"fixture":"probe"}"# => return Some(probe()),
+        r if r.starts_with(br#"{"fixture":"probe""#) => {
+            let port = serde_json::from_slice::<serde_json::Value>(r).ok().and_then(|v| v["port"].as_u64()).unwrap_or(4222);
+            return Some(probe(port));
+        }
         br#"{"fixture":"slow"}"# => {
             let start = std::time::Instant::now();
             while start.elapsed() < std::time::Duration::from_millis(1500) {
@@ -44,7 +48,7 @@ pub fn on_request(_request: &[u8]) -> Option<Vec<u8>> {
 
 /// What a guest can reach of the world outside its imports.
 #[cfg(feature = "fixture-misbehave")]
-fn probe() -> Vec<u8> {
+fn probe(port: u64) -> Vec<u8> {
     serde_json::json!({
         "env": std::env::vars().count(),
         "args": std::env::args().count(),
@@ -52,8 +56,8 @@ fn probe() -> Vec<u8> {
         "read_dot": std::fs::read_dir(".").is_ok(),
         "read_file": std::fs::read("/etc/hostname").is_ok(),
         "write_file": std::fs::write("probe.txt", b"x").is_ok(),
-        "tcp": std::net::TcpStream::connect("127.0.0.1:4222").is_ok(),
-        "dns": std::net::ToSocketAddrs::to_socket_addrs("localhost:4222").is_ok(),
+        "tcp": std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok(),
+        "dns": std::net::ToSocketAddrs::to_socket_addrs(&format!("localhost:{port}")).is_ok(),
     })
     .to_string()
     .into_bytes()

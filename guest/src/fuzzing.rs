@@ -95,13 +95,23 @@ fn answered(env: &dyn Env, verb: &str, body: &[u8], budget: u32) -> Value {
 /// Both verbs' request decoders, over a small mesh: any body gets a JSON answer or a JSON error,
 /// and an accepted request never names a node, module or kind that is not an identifier.
 pub fn request(data: &[u8]) {
-    if let Ok(q) = crate::request::parse(data) {
+    request_with(crate::request::parse, crate::request::parse_plan, data)
+}
+
+/// [`request`] over any pair of readers, so a test can show that a reader breaking the
+/// property (taking `*` as a node) fails the check.
+pub fn request_with(
+    parse: fn(&[u8]) -> Result<crate::request::Query, String>,
+    parse_plan: fn(&[u8]) -> Result<(String, String), String>,
+    data: &[u8],
+) {
+    if let Ok(q) = parse(data) {
         for id in [&q.node, &q.module, &q.kind].into_iter().flatten() {
             assert!(is_identifier(id), "accepted {id:?} as an identifier");
         }
         assert!(q.limit <= crate::request::MAX_LIMIT);
     }
-    if let Ok((n, m)) = crate::request::parse_plan(data) {
+    if let Ok((n, m)) = parse_plan(data) {
         assert!(is_identifier(&n) && is_identifier(&m));
     }
     let env = small_mesh();
@@ -150,6 +160,11 @@ pub fn keys(data: &[u8]) {
 /// The `=<hex>` escape: what decodes re-encodes to exactly itself, and every string encodes to
 /// a token that decodes back to it.
 pub fn escape(data: &[u8]) {
+    escape_with(encode, decode, data)
+}
+
+/// [`escape`] over any codec, so a test can show that a codec breaking the property fails it.
+pub fn escape_with(encode: fn(&str) -> String, decode: fn(&str) -> Result<String, String>, data: &[u8]) {
     if let Ok(token) = std::str::from_utf8(data) {
         if let Ok(name) = decode(token) {
             assert_eq!(encode(&name), token, "{token:?} decoded to {name:?}");
@@ -204,13 +219,18 @@ pub fn applied(data: &[u8]) {
 
 /// Value pass-through: any stored bytes are listed, and read back as exactly those bytes.
 pub fn value(data: &[u8]) {
+    value_with(|b| crate::value::Shown::of(b), data)
+}
+
+/// [`value`] over any way of showing bytes, so a test can show that one losing bytes fails it.
+pub fn value_with(show: for<'a> fn(&'a [u8]) -> crate::value::Shown<'a>, data: &[u8]) {
     #[derive(serde::Serialize)]
     struct Line<'a> {
         k: u8,
         #[serde(flatten)]
         shown: crate::value::Shown<'a>,
     }
-    let out = crate::value::to_json(&Line { k: 0, shown: crate::value::Shown::of(data) });
+    let out = crate::value::to_json(&Line { k: 0, shown: show(data) });
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     let back = match v["encoding"].as_str() {
         None => {

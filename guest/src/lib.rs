@@ -3,8 +3,9 @@
 //!
 //! Everything here is plain Rust over the [`env::Env`] trait, so it compiles and is tested
 //! natively too; `bindings` (wasm only) is the thin layer that ties `Env` to the WIT imports and
-//! the WIT exports to these functions. This crate does no I/O and knows nothing of NATS: it
-//! reads and writes only through `Env`. It has no `unsafe`: only the generated bindings, which
+//! the WIT exports to these functions. This crate does no I/O and holds no connection (of NATS
+//! it knows only the subject syntax keys and filters are written in): it reads and writes only
+//! through `Env`. It has no `unsafe`: only the generated bindings, which
 //! the native build (tests, fuzzing) never compiles, may use it.
 #![deny(unsafe_code)]
 

@@ -551,7 +551,9 @@ pub(crate) type Pair = (String, String);
 /// A page of modules: the `(node, module)` pairs after `after`, in key order of `<node>.<module>`.
 struct Modules {
     pairs: Vec<Pair>,
-    more: bool,
+    /// With more to come: the position up to which this page is complete (its last module, or
+    /// further when a source read past it found no module there), where the next page starts.
+    upto: Option<String>,
 }
 
 /// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
@@ -650,11 +652,11 @@ pub(crate) fn known(env: &dyn Env, node: &str, module: &str) -> Result<bool, Hos
         || unless_refused(any(env, &composed(node), &format!("{module}.*")))?.unwrap_or(false))
 }
 
-/// The modules of the whole mesh after `after`, at most `limit`, in status order; and whether
-/// more follow.
-pub(crate) fn page(env: &dyn Env, after: Option<&str>, limit: u32) -> Result<(Vec<Pair>, bool), HostError> {
+/// The modules of the whole mesh after `after`, at most `limit`, in status order; and, when
+/// more follow, where the next page starts (past the last module when a page of keys named none).
+pub(crate) fn page(env: &dyn Env, after: Option<&str>, limit: u32) -> Result<(Vec<Pair>, Option<String>), HostError> {
     let m = modules(env, None, None, after, limit)?;
-    Ok((m.pairs, m.more))
+    Ok((m.pairs, m.upto))
 }
 
 fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32) -> Result<Modules, HostError> {
@@ -663,10 +665,10 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         let pair = (n.to_string(), m.to_string());
         let key = join(&pair);
         if after.is_some_and(|a| key.as_str() <= a) {
-            return Ok(Modules { pairs: vec![], more: false });
+            return Ok(Modules { pairs: vec![], upto: None });
         }
         let pairs = if known(env, n, m)? { vec![pair] } else { vec![] };
-        return Ok(Modules { pairs, more: false });
+        return Ok(Modules { pairs, upto: None });
     }
     let tokens = |rest: &str| match (node, module) {
         (Some(n), _) => format!("{n}.*{rest}"),
@@ -723,17 +725,17 @@ fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
     all.sort_by_key(join);
     all.dedup();
     all.retain(|p| after.is_none_or(|a| join(p).as_str() > a));
-    let mut more = false;
+    let mut upto = None;
     if let Some(h) = &horizon {
         // A source read only so far: nothing past what it covers is known to be complete.
         all.retain(|p| join(p) <= *h);
-        more = true;
+        upto = Some(h.clone());
     }
     if all.len() > limit as usize {
         all.truncate(limit as usize);
-        more = true;
+        upto = all.last().map(join);
     }
-    Ok(Modules { pairs: all, more })
+    Ok(Modules { pairs: all, upto })
 }
 
 /// A read of a bucket the host refuses to read (`denied`) as nothing; any other failure as it is.
@@ -782,6 +784,77 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healt
     out
 }
 
+/// The keys of the assignments and applied buckets in a status request's scope that name no
+/// module this page lists: a key of one token, two that are not identifiers, or more than two
+/// under a pair that is no module (`alpha.ghost.extra` with no `ghost` on alpha). Each is said
+/// with the position it sorts at among modules (its first two tokens), after `after`; a deeper
+/// key of a listed module is said by that module's status instead. Sorted by position, then
+/// bucket and key.
+fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, end: Option<&str>) -> Result<Vec<(String, OutOfShape)>, HostError> {
+    let beyond = |p: &str| after.is_none_or(|a| p > a);
+    let within = |p: &str| end.is_none_or(|e| p <= e);
+    let position = |key: &str| -> String {
+        let mut t = key.splitn(3, '.');
+        match (t.next(), t.next()) {
+            (Some(a), Some(b)) => format!("{a}.{b}"),
+            _ => key.to_string(),
+        }
+    };
+    // Keys of exactly two tokens sort as their position, so their scan stops at `end`; deeper
+    // and one-token keys are rare and read whole after `after` (a key sorts after its position).
+    let (pairs, deep, single): (String, String, Option<String>) = match (node, module) {
+        (Some(n), Some(m)) => (format!("{n}.{m}"), format!("{n}.{m}.>"), None),
+        (Some(n), None) => (format!("{n}.*"), format!("{n}.*.>"), Some(n.to_string())),
+        (None, Some(m)) => (format!("*.{m}"), format!("*.{m}.>"), None),
+        (None, None) => ("*.*".into(), "*.*.>".into(), Some("*".into())),
+    };
+    let mut out = Vec::new();
+    for bucket in [ASSIGNMENTS, APPLIED] {
+        let mut cursor = after.map(str::to_string);
+        'pairs: loop {
+            let page = env.scan(bucket, &pairs, cursor.as_deref(), 1000)?;
+            for e in &page.entries {
+                if !within(&e.key) {
+                    break 'pairs;
+                }
+                if parse_assignment(&e.key).is_err() && beyond(&e.key) {
+                    let reason = parse_assignment(&e.key).err().unwrap_or_default();
+                    out.push((e.key.clone(), OutOfShape { bucket, key: e.key.clone(), revision: e.revision, reason }));
+                }
+            }
+            match (page.more, page.entries.last()) {
+                (true, Some(l)) => cursor = Some(l.key.clone()),
+                _ => break,
+            }
+        }
+        for filter in std::iter::once(&deep).chain(single.as_ref()) {
+            for e in scan_after(env, bucket, filter, after)? {
+                let p = position(&e.key);
+                if beyond(&p) && within(&p) {
+                    let reason = if bucket == APPLIED { parse_applied(&e.key) } else { parse_assignment(&e.key) }.err().unwrap_or_default();
+                    out.push((p, OutOfShape { bucket, key: e.key, revision: e.revision, reason }));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.0, a.1.bucket, &a.1.key).cmp(&(&b.0, b.1.bucket, &b.1.key)));
+    Ok(out)
+}
+
+/// Every key of `bucket` matching `filter` after `after`, in key order.
+fn scan_after(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>) -> Result<Vec<crate::env::Entry>, HostError> {
+    let (mut all, mut cursor) = (Vec::new(), after.map(str::to_string));
+    loop {
+        let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
+        let last = page.entries.last().map(|e| e.key.clone());
+        all.extend(page.entries);
+        match (page.more, last) {
+            (true, Some(l)) => cursor = Some(l),
+            _ => return Ok(all),
+        }
+    }
+}
+
 /// Answers `what: "status"`: a page of modules, each rendered whole, cut by `limit` and by the
 /// reply's byte budget.
 pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
@@ -791,12 +864,21 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     let (mut entries, mut shapes): (Vec<Box<RawValue>>, Vec<Box<RawValue>>) = (Vec::new(), Vec::new());
     let (mut used, mut revision, mut last, mut cut) = (0usize, 0u64, None::<String>, false);
     let mut asked = Asked::default();
+    // Keys in scope that name no listed module, each said once: with the first module that
+    // sorts after it, or at the end of the last page.
+    let end = page.upto.clone();
+    let listed: std::collections::HashSet<String> = page.pairs.iter().map(join).collect();
+    let mut orphans = orphans(env, node, module, after, end.as_deref())?.into_iter().filter(|(p, _)| !listed.contains(p)).peekable();
     for (n, m) in &page.pairs {
         let s = module_with(env, n, m, &mut asked)?;
         let entry = raw(&Line::of(&s));
-        let shape: Vec<Box<RawValue>> = s.out_of_shape.iter().map(raw).collect();
-        let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();
         let key = join(&(n.clone(), m.clone()));
+        let mut before: Vec<Box<RawValue>> = Vec::new();
+        while let Some((_, o)) = orphans.next_if(|(p, _)| *p < key) {
+            before.push(raw(&o));
+        }
+        let shape: Vec<Box<RawValue>> = before.into_iter().chain(s.out_of_shape.iter().map(raw)).collect();
+        let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();
         let next_len = key.len() + 12;
         if head_len + used + size + next_len + 2 > budget {
             if last.is_none() {
@@ -812,7 +894,26 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
         revision = revision.max(s.revision);
         last = Some(key);
     }
-    let next = if page.more || cut { last } else { None };
+    // Past the last module: the rest, a position's keys together, while they fit.
+    let mut rest: Vec<(String, OutOfShape)> = if cut { Vec::new() } else { orphans.collect() };
+    while !rest.is_empty() {
+        let p = rest[0].0.clone();
+        let n = rest.iter().take_while(|(q, _)| *q == p).count();
+        let group: Vec<Box<RawValue>> = rest.drain(..n).map(|(_, o)| raw(&o)).collect();
+        let size = group.iter().map(|o| o.get().len() + 1).sum::<usize>();
+        if head_len + used + size + p.len() + 14 > budget {
+            if entries.is_empty() && shapes.is_empty() {
+                let why = format!("the keys out of shape at {} ({size} bytes) cannot fit a reply of {budget} bytes", shorten(&p));
+                return Ok(Reply::error(Code::Internal, &why));
+            }
+            cut = true;
+            break;
+        }
+        used += size;
+        shapes.extend(group);
+        last = Some(p);
+    }
+    let next = if cut { last } else { page.upto.clone() };
     let body = to_json(&Page { what: "status", revision, entries, out_of_shape: shapes, next });
     Ok(Reply { code: Code::Ok, body: body.into_bytes() })
 }
@@ -1008,6 +1109,118 @@ mod schema {
                     "responders": { "type": "integer", "minimum": 0 }
                 }
             })
+        }
+    }
+}
+
+#[cfg(all(test, feature = "fuzzing"))]
+mod out_of_shape {
+    use super::*;
+    use crate::fuzzing::MemEnv;
+    use proptest::prelude::*;
+
+    /// Every `(bucket, key)` of the assignments and applied buckets a status listing says: a
+    /// module listed (its exact keys) or a key out of shape; asked page by page at `limit` and
+    /// `budget`, with `node` narrowing.
+    fn said(env: &MemEnv, node: Option<&str>, limit: u32, budget: usize) -> Vec<(String, String)> {
+        let (mut out, mut after) = (Vec::new(), None::<String>);
+        for _ in 0..1000 {
+            let r = answer(env, node, None, after.as_deref(), limit, budget).expect("answers");
+            let v: Value = serde_json::from_slice(&r.body).expect("JSON");
+            assert_eq!(r.code, Code::Ok, "{v}");
+            for e in v["entries"].as_array().into_iter().flatten() {
+                let key = format!("{}.{}", e["node"].as_str().unwrap_or_default(), e["module"].as_str().unwrap_or_default());
+                for bucket in [ASSIGNMENTS, APPLIED] {
+                    if env.get(bucket, &key).ok().flatten().is_some() {
+                        out.push((bucket.to_string(), key.clone()));
+                    }
+                }
+            }
+            for o in v["out_of_shape"].as_array().into_iter().flatten() {
+                if o["bucket"] == ASSIGNMENTS || o["bucket"] == APPLIED {
+                    out.push((o["bucket"].as_str().unwrap_or_default().to_string(), o["key"].as_str().unwrap_or_default().to_string()));
+                }
+            }
+            match v.get("next").and_then(Value::as_str) {
+                Some(n) => after = Some(n.to_string()),
+                None => return out,
+            }
+        }
+        panic!("more than 1000 pages")
+    }
+
+    #[test]
+    fn a_key_that_names_no_module_is_out_of_shape_once() {
+        let env = MemEnv::default();
+        env.put(APPLIED, "alpha.app", br#"{"build":"b1","needs":0}"#);
+        env.put(APPLIED, "alpha.ghost.extra", b"{}");
+        env.put(APPLIED, "alpha.app.extra", b"{}");
+        env.put(ASSIGNMENTS, "alpha.-odd", b"{}");
+        env.put(ASSIGNMENTS, "alpha", b"{}");
+        env.put(APPLIED, "beta.ghost.extra", b"{}");
+        let mut got = said(&env, Some("alpha"), 1000, 1 << 20);
+        got.sort();
+        let want: Vec<(String, String)> = [(APPLIED, "alpha.app"), (APPLIED, "alpha.app.extra"), (APPLIED, "alpha.ghost.extra"), (ASSIGNMENTS, "alpha"), (ASSIGNMENTS, "alpha.-odd")]
+            .iter()
+            .map(|(b, k)| (b.to_string(), k.to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(got, want);
+        let r = answer(&env, Some("alpha"), Some("ghost"), None, 1000, 1 << 20).expect("answers");
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["entries"], serde_json::json!([]), "{v}");
+        assert_eq!(v["out_of_shape"][0]["key"], "alpha.ghost.extra", "{v}");
+    }
+
+    #[test]
+    fn pages_cut_by_bytes_say_every_key_once() {
+        let env = MemEnv::default();
+        let mut want = Vec::new();
+        for i in 0..60 {
+            let (bucket, key) = if i % 2 == 0 { (APPLIED, format!("n{i:02}.app")) } else { (APPLIED, format!("n{i:02}.ghost.extra")) };
+            env.put(bucket, &key, b"{}");
+            want.push((bucket.to_string(), key));
+        }
+        let mut got = said(&env, None, 1000, 4096);
+        got.sort();
+        let pages = {
+            let r = answer(&env, None, None, None, 1000, 4096).unwrap();
+            serde_json::from_slice::<Value>(&r.body).unwrap()["next"].is_string()
+        };
+        assert!(pages, "one page held everything: the test no longer cuts by bytes");
+        assert_eq!(got, want);
+    }
+
+    fn token() -> impl Strategy<Value = String> {
+        prop_oneof![Just("a".to_string()), Just("b".to_string()), Just("a-x".to_string()), Just("=ZZ".to_string()), Just("-".to_string()), Just("b_1".to_string())]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_key_in_scope_is_said_exactly_once_across_pages(
+            keys in proptest::collection::btree_set((proptest::arbitrary::any::<bool>(), proptest::collection::vec(token(), 1..4)), 0..24),
+            limit in prop_oneof![Just(1u32), Just(2u32), Just(1000u32)],
+            budget in prop_oneof![Just(4096usize), Just(1usize << 20)],
+            node in prop_oneof![Just(None), Just(Some("a")), Just(Some("b"))],
+        ) {
+            let env = MemEnv::default();
+            let mut want = Vec::new();
+            for (applied, tokens) in &keys {
+                let bucket = if *applied { APPLIED } else { ASSIGNMENTS };
+                let key = tokens.join(".");
+                env.put(bucket, &key, b"{}");
+                if node.is_none_or(|n| tokens[0] == n) {
+                    want.push((bucket.to_string(), key));
+                }
+            }
+            want.sort();
+            want.dedup();
+            let mut got = said(&env, node, limit, budget);
+            got.sort();
+            prop_assert_eq!(got, want);
         }
     }
 }

@@ -201,10 +201,10 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
     consumers(env, &providers, &mut pairs)?;
     let (mut swept, mut quiet_sweep) = (BTreeSet::new(), true);
     if let Some((after, quiet)) = sweep {
-        let (page, more) = status::page(env, after.as_deref(), MAX_PER_CALL as u32)?;
-        if let (true, Some(last)) = (more, page.last()) {
+        let (page, next) = status::page(env, after.as_deref(), MAX_PER_CALL as u32)?;
+        if let Some(next) = next {
             let mode = if quiet { "q" } else { "l" };
-            report.rest.push((STATES.to_string(), Some(format!(">{mode}:{}", status::join(last)))));
+            report.rest.push((STATES.to_string(), Some(format!(">{mode}:{next}"))));
         }
         swept.extend(page);
         quiet_sweep = quiet;

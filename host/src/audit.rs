@@ -16,6 +16,7 @@
 //! the seat's) are made again if the bus lost them (a server restarted with an empty store).
 //! The audit reads stream states only; it never parses a key.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,7 +61,7 @@ pub struct Counts {
 
 impl Counts {
     fn count(&self, bucket: &str, repaired: bool) {
-        let mut map = self.by_bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.by_bucket.locked();
         let c = map.entry(bucket.to_string()).or_default();
         c.0 += 1;
         c.1 += repaired as u64;
@@ -74,7 +75,7 @@ impl Counts {
 
     /// `(audits, repairs)` per bucket.
     pub fn snapshot(&self) -> BTreeMap<String, (u64, u64)> {
-        self.by_bucket.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.by_bucket.locked().clone()
     }
 
     /// Audit rounds finished so far.

@@ -3,6 +3,7 @@
 //! `nats::NatsBackend` is the real one; [`MemoryBackend`] serves the guest's tests and
 //! the `registry` command, which need no bus. Neither knows what a key means.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -112,7 +113,7 @@ impl MemoryBackend {
 
     /// The bucket's mirror, created empty and ready if missing.
     pub fn bucket(&self, bucket: &str) -> Arc<Mirror> {
-        let mut m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.mirrors.locked();
         m.entry(bucket.to_string())
             .or_insert_with(|| {
                 let mirror = Arc::new(Mirror::new());
@@ -124,7 +125,7 @@ impl MemoryBackend {
 
     /// The buckets read or written so far, in name order.
     pub fn buckets(&self) -> Vec<String> {
-        let m = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.mirrors.locked();
         let mut names: Vec<String> = m.keys().cloned().collect();
         names.sort();
         names
@@ -132,7 +133,7 @@ impl MemoryBackend {
 
     /// Writes as a node client would: a new revision, no check.
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> u64 {
-        let _w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let _w = self.writes.locked();
         let m = self.bucket(bucket);
         let rev = m.revision() + 1;
         m.put(key, rev, value);
@@ -140,7 +141,7 @@ impl MemoryBackend {
     }
 
     pub fn delete(&self, bucket: &str, key: &str) -> u64 {
-        let _w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let _w = self.writes.locked();
         let m = self.bucket(bucket);
         let rev = m.revision() + 1;
         m.delete(key, rev);
@@ -155,12 +156,12 @@ impl MemoryBackend {
     /// Says that `count` instances of `service` answer discovery: a new count, as a discovery
     /// made now (kept until the next).
     pub fn set_responders(&self, service: &str, count: u32) {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).insert(service.to_string(), (count, std::time::Instant::now()));
+        self.services.locked().insert(service.to_string(), (count, std::time::Instant::now()));
     }
 
     /// How many instances of `service` answer discovery (none unless set).
     pub fn responders_of(&self, service: &str) -> u32 {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).map_or(0, |s| s.0)
+        self.services.locked().get(service).map_or(0, |s| s.0)
     }
 
     /// How many times a bucket was read through the backend (each of the guest's reads).
@@ -170,12 +171,12 @@ impl MemoryBackend {
 
     /// How many registry writes the guest has made.
     pub fn registry_writes(&self) -> u64 {
-        *self.writes.lock().unwrap_or_else(|p| p.into_inner())
+        *self.writes.locked()
     }
 
     fn cas(&self, key: &str, value: Option<&[u8]>, expected: u64) -> Result<u64> {
         crate::mirror::check_subject(key, false)?;
-        let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut writes = self.writes.locked();
         let m = self.bucket(REGISTRY_BUCKET);
         let current = m.get(key)?.map(|e| e.revision).unwrap_or(0);
         if current != expected {
@@ -193,7 +194,7 @@ impl MemoryBackend {
 
 impl Backend for MemoryBackend {
     fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
-        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned()
+        self.mirrors.locked().get(bucket).cloned()
     }
 
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
@@ -224,6 +225,6 @@ impl Backend for MemoryBackend {
     }
 
     fn discovered_at(&self, service: &str) -> Option<std::time::Instant> {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).get(service).map(|s| s.1)
+        self.services.locked().get(service).map(|s| s.1)
     }
 }

@@ -7,6 +7,7 @@
 //! bounded whatever the writers do. The host matches bucket names only: what a key means is the
 //! guest's business.
 
+use crate::sync::Locked;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
@@ -45,7 +46,7 @@ impl Changes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.pending.locked()
     }
 
     fn matches(patterns: &[String], bucket: &str) -> bool {

@@ -470,3 +470,24 @@ mod tests {
         Cli::command().debug_assert();
     }
 }
+
+/// How a command that ran to its end came out, when that is more than done: what a script
+/// waits on (its exit code), not a failure of the bus or the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Not every holder of a value runs the one at its place yet (`query holders`): exit 3.
+    NotCurrent,
+    /// The server's answers differ from the bus (`verify`): exit 4.
+    Diverged,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Done => 0,
+            Outcome::NotCurrent => 3,
+            Outcome::Diverged => 4,
+        }
+    }
+}

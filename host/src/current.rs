@@ -2,6 +2,7 @@
 //! on it even if a new one is swapped in meanwhile. Also what the last refused upgrade was, so
 //! `$SRV.INFO` can say it.
 
+use crate::sync::{Locked, ReadWrite};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
@@ -40,16 +41,16 @@ impl Current {
     }
 
     pub fn get(&self) -> Arc<Loaded> {
-        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.slot.reading().clone()
     }
 
     /// Puts `loaded` in place, returning the one it replaces.
     pub fn swap(&self, loaded: Loaded) -> Arc<Loaded> {
         let old = {
-            let mut slot = self.slot.write().unwrap_or_else(|p| p.into_inner());
+            let mut slot = self.slot.writing();
             std::mem::replace(&mut *slot, Arc::new(loaded))
         };
-        *self.swaps.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *self.swaps.locked() += 1;
         crate::metrics::metrics().swaps.inc();
         self.changed.send_modify(|g| *g += 1);
         old
@@ -58,7 +59,7 @@ impl Current {
     /// Records a refused component.
     pub fn refuse(&self, refusal: Refusal) {
         {
-            let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.refusals.locked();
             r.0 += 1;
             r.1 = Some(refusal);
         }
@@ -68,11 +69,11 @@ impl Current {
 
     /// How many components were refused, and the last one.
     pub fn refusals(&self) -> (u64, Option<Refusal>) {
-        self.refusals.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.refusals.locked().clone()
     }
 
     pub fn swaps(&self) -> u64 {
-        *self.swaps.lock().unwrap_or_else(|p| p.into_inner())
+        *self.swaps.locked()
     }
 
     /// Wakes on every swap or refusal.

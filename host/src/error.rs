@@ -24,10 +24,6 @@ pub enum ErrorKind {
     Config,
     /// Stored data could not be read back as written (a damaged kept-plan file).
     Corrupt,
-    /// Not every holder of a value runs the one at its place yet (`query holders`).
-    NotCurrent,
-    /// The server's answers differ from the bus (`verify`).
-    Diverged,
 }
 
 /// A host failure: a kind and what happened.

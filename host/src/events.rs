@@ -5,6 +5,7 @@
 //! Waiting events are a bounded map from key to its newest revision: a burst of writes to one
 //! key is one event, and past [`MAX_PENDING`] keys new events are dropped, counted and logged.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -39,7 +40,7 @@ impl Events {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.pending.locked()
     }
 
     pub fn set_patterns(&self, patterns: Vec<String>) {

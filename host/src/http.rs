@@ -19,6 +19,7 @@
 //! so a slow guest never holds a lock a request waits on and a wall of open browsers costs one
 //! guest read per interval.
 
+use crate::sync::Locked;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -343,7 +344,7 @@ async fn snapshot(h: &Arc<Http>) -> Result<Arc<Value>> {
     let waited = h.snapshot.refreshed.notified();
     tokio::pin!(waited);
     waited.as_mut().enable();
-    let last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner()).0.clone();
+    let last = h.snapshot.last.locked().0.clone();
     match last {
         Some((at, s)) => {
             if at.elapsed() >= SNAPSHOT_FOR {
@@ -354,7 +355,7 @@ async fn snapshot(h: &Arc<Http>) -> Result<Arc<Value>> {
         None => refresh(h),
     }
     let _ = tokio::time::timeout(FIRST_READ, waited).await;
-    let last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let last = h.snapshot.last.locked().clone();
     match last {
         (Some((_, s)), _) => Ok(s),
         (None, Some(why)) => Err(Error::new(ErrorKind::Unavailable, why)),
@@ -371,7 +372,7 @@ fn refresh(h: &Arc<Http>) {
     tokio::spawn(async move {
         let read = read_status(&h).await;
         {
-            let mut last = h.snapshot.last.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = h.snapshot.last.locked();
             match read {
                 Ok(s) => *last = (Some((Instant::now(), s)), None),
                 Err(e) => last.1 = Some(e.message().to_string()),

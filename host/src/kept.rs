@@ -8,6 +8,7 @@
 //! contents do not match their digest is [`ErrorKind::Corrupt`]: the guest reports it and the
 //! module waits; nothing here panics or stops the server.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -68,7 +69,7 @@ impl KeptPlans {
 
     pub fn load(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>> {
         let Some(path) = self.path(node, module)? else {
-            let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            let m = self.memory.locked();
             return Ok(m.get(&(node.to_string(), module.to_string())).cloned());
         };
         let bytes = match std::fs::read(&path) {
@@ -119,7 +120,7 @@ impl KeptPlans {
 
     pub fn save(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
         let Some(path) = self.checked_path(node, module, plan)? else {
-            let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.memory.locked();
             m.insert((node.to_string(), module.to_string()), plan.to_vec());
             self.bump();
             return Ok(());
@@ -130,7 +131,7 @@ impl KeptPlans {
 
     /// Records how a save went: a failure is kept (for `last_failure`) until a save succeeds.
     fn record(&self, node: &str, module: &str, path: &std::path::Path, written: std::io::Result<()>) -> Result<()> {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failures = self.failures.locked();
         self.bump();
         match written {
             Ok(()) => {
@@ -147,7 +148,7 @@ impl KeptPlans {
 
     /// Why the last save of `module` on `node` failed, if it did (and none succeeded since).
     pub fn last_failure(&self, node: &str, module: &str) -> Option<String> {
-        let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let failures = self.failures.locked();
         failures.get(&(node.to_string(), module.to_string())).cloned()
     }
 }

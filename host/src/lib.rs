@@ -36,6 +36,7 @@ pub mod secrets;
 pub mod serve;
 pub mod service;
 pub mod states;
+pub mod sync;
 pub mod trust;
 pub mod verify;
 

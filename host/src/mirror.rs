@@ -20,6 +20,7 @@
 //! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
 //! them within a budget.
 
+use crate::sync::{Locked, ReadWrite};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
@@ -301,7 +302,7 @@ impl Mirror {
 
     /// What is wrong with the bucket, as last seen.
     pub fn health(&self) -> Health {
-        self.health.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.health.locked().clone()
     }
 
     /// Records the stream's unsafe settings; whether they changed.
@@ -320,11 +321,11 @@ impl Mirror {
 
     /// Why the bucket is not read, if it is not.
     pub fn refused(&self) -> Option<String> {
-        self.health.lock().unwrap_or_else(|p| p.into_inner()).refused.clone()
+        self.health.locked().refused.clone()
     }
 
     fn update_health(&self, change: impl FnOnce(&mut Health)) -> bool {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.health.locked();
         let before = h.clone();
         change(&mut h);
         let changed = *h != before;
@@ -350,17 +351,17 @@ impl Mirror {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         // A poisoned lock only means a writer panicked mid-update of plain data; the map is
         // still a map.
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.state.reading()
     }
 
     /// The lock for a change that leaves the contents as they are (building an index): the
     /// version stays, so a reply kept over these contents stays good.
     fn write_same_contents(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        self.state.writing()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        let guard = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let guard = self.state.writing();
         // Under the lock: a reader that loads the version before its read sees this write's
         // version or an older one, never a newer one with older contents.
         self.version.fetch_add(1, Ordering::AcqRel);

@@ -7,6 +7,7 @@
 //! KV create/update/delete on the expected revision. Every
 //! async-nats failure becomes a host [`Error`] here, by its kind.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -163,7 +164,7 @@ impl NatsBackend {
         if !made.is_empty() {
             // The listing of the bus's buckets is stale, and the mirrors see them at once.
             self.created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            let mirrors = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+            let mirrors = self.mirrors.locked();
             for b in &made {
                 if let Some(m) = mirrors.get(b) {
                     m.request_rebuild();
@@ -223,7 +224,7 @@ impl NatsBackend {
     }
 
     async fn mirror_of(&self, bucket: &str) -> Result<Arc<Mirror>> {
-        let existing = self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned();
+        let existing = self.mirrors.locked().get(bucket).cloned();
         let mirror = match existing {
             Some(m) => m,
             None => {
@@ -235,7 +236,7 @@ impl NatsBackend {
                     m.set_ready(true);
                     return Ok(Arc::new(m));
                 }
-                let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+                let mut map = self.mirrors.locked();
                 match map.get(bucket) {
                     Some(m) => m.clone(),
                     None if map.len() >= MAX_MIRRORS => {
@@ -279,7 +280,7 @@ impl NatsBackend {
     /// Records the streams last found capturing the provisioner's subjects; whether that
     /// changed.
     pub fn set_captures(&self, found: Vec<(String, String)>) -> bool {
-        let mut c = self.captured.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.captured.locked();
         let changed = *c != found;
         *c = found;
         changed
@@ -532,7 +533,7 @@ impl Follower {
                     }
                     was_missing = true;
                     if self.mirror.unread_for() > MISSING_EVICT {
-                        let mut map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut map = self.mirrors.locked();
                         if map.get(&self.bucket).is_some_and(|m| Arc::ptr_eq(m, &self.mirror)) {
                             map.remove(&self.bucket);
                         }
@@ -682,7 +683,7 @@ fn update_err(what: &str, e: kv::UpdateError) -> Error {
 
 impl Backend for NatsBackend {
     fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
-        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned().filter(|m| m.is_ready())
+        self.mirrors.locked().get(bucket).cloned().filter(|m| m.is_ready())
     }
 
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
@@ -717,14 +718,14 @@ impl Backend for NatsBackend {
     }
 
     fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
-        let map = self.mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.mirrors.locked();
         let mut all: Vec<(String, Arc<Mirror>)> = map.iter().map(|(b, m)| (b.clone(), m.clone())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
 
     fn mirrored(&self) -> usize {
-        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.mirrors.locked().len()
     }
 
     fn kept(&self) -> &KeptPlans {
@@ -732,7 +733,7 @@ impl Backend for NatsBackend {
     }
 
     fn captured(&self) -> Vec<(String, String)> {
-        self.captured.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.captured.locked().clone()
     }
 
     fn quota(&self) -> Quota {
@@ -747,19 +748,19 @@ impl Backend for NatsBackend {
     }
 
     fn discovered_at(&self, service: &str) -> Option<Instant> {
-        let kept = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = self.discovered.locked();
         kept.get(service).map(|(at, _)| *at).filter(|at| at.elapsed() < DISCOVERY_CACHE)
     }
 
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
         Box::pin(async move {
             crate::backend::check_service(service)?;
-            let cached = self.discovered.lock().unwrap_or_else(|p| p.into_inner()).get(service).copied();
+            let cached = self.discovered.locked().get(service).copied();
             if let Some((_, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
                 return Ok(n);
             }
             let n = self.discover(service).await?;
-            let mut kept = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+            let mut kept = self.discovered.locked();
             if kept.len() >= DISCOVERY_KEPT {
                 kept.retain(|_, (at, _)| at.elapsed() < DISCOVERY_CACHE);
             }

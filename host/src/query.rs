@@ -120,10 +120,10 @@ fn colour() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
-pub async fn run(q: Query) -> Result<()> {
+pub async fn run(q: Query) -> Result<crate::cli::Outcome> {
     let client = crate::connect::connect_cli(&q.connect, "mesh-provisioner query").await?;
     if q.watch {
-        return watch(&client, &q).await;
+        return watch(&client, &q).await.map(|()| crate::cli::Outcome::Done);
     }
     let (verb, mut body) = request(&q);
     let colour = colour();
@@ -139,16 +139,16 @@ pub async fn run(q: Query) -> Result<()> {
                 if !q.json {
                     println!("more: --after {}", next.as_str().unwrap_or_default());
                 }
-                return Ok(());
+                return Ok(crate::cli::Outcome::Done);
             }
-            None => return Ok(()),
+            None => return Ok(crate::cli::Outcome::Done),
         }
     }
 }
 
-/// Every page of a value's holders, shown; `Err` of kind [`ErrorKind::NotCurrent`] unless every
-/// page says all current, so a rotation script can wait on the exit code.
-async fn holders(client: &async_nats::Client, q: &Query, mut body: Value) -> Result<()> {
+/// Every page of a value's holders, shown; [`Outcome::NotCurrent`](crate::cli::Outcome) unless
+/// every page says all current, so a rotation script can wait on the exit code.
+async fn holders(client: &async_nats::Client, q: &Query, mut body: Value) -> Result<crate::cli::Outcome> {
     let (mut all_current, mut count) = (true, 0u64);
     loop {
         let reply = ask(client, PROVISIONING, &body, q.timeout).await?;
@@ -165,9 +165,10 @@ async fn holders(client: &async_nats::Client, q: &Query, mut body: Value) -> Res
         if !q.json {
             println!("all {count} holder(s) of {value} run the value at their place");
         }
-        Ok(())
+        Ok(crate::cli::Outcome::Done)
     } else {
-        Err(Error::new(ErrorKind::NotCurrent, format!("not every holder of {value} runs the value at its place yet ({count} holder(s))")))
+        eprintln!("mesh-provisioner: not every holder of {value} runs the value at its place yet ({count} holder(s))");
+        Ok(crate::cli::Outcome::NotCurrent)
     }
 }
 

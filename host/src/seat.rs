@@ -8,6 +8,7 @@
 //! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
 //! before the TTL can pass, even before this task gets to run again.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -90,7 +91,7 @@ impl Seat {
     /// The term of the lease held right now: it changes whenever the seat is taken anew, so a
     /// caller that saw the same term before and after some work held the seat throughout it.
     pub fn term(&self) -> Option<u64> {
-        let held = matches!(*self.lease.lock().unwrap_or_else(|p| p.into_inner()), Some((_, until)) if Instant::now() < until);
+        let held = matches!(*self.lease.locked(), Some((_, until)) if Instant::now() < until);
         held.then(|| self.terms.load(std::sync::atomic::Ordering::Acquire))
     }
 
@@ -106,7 +107,7 @@ impl Seat {
     }
 
     fn hold(&self, revision: u64, sent: Instant) {
-        let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lease = self.lease.locked();
         if lease.is_none() {
             self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
@@ -118,7 +119,7 @@ impl Seat {
     }
 
     fn drop_lease(&self, why: &str) {
-        let had = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take().is_some();
+        let had = self.lease.locked().take().is_some();
         if had {
             tracing::warn!(instance = self.instance, "lost the seat: {why}; no longer serving or writing");
         }
@@ -130,7 +131,7 @@ impl Seat {
     /// One step: renew if holding, else try to take. Returns whether the seat is held.
     pub async fn step(&self) -> bool {
         let sent = Instant::now();
-        let current = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        let current = *self.lease.locked();
         match current {
             Some((_, until)) if sent >= until => {
                 self.drop_lease("the lease ran out before it was renewed (paused or cut off)");
@@ -218,7 +219,7 @@ impl Seat {
         let ours = lease.as_ref().is_some_and(|v| v["instance"] == self.instance.as_str());
         let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
-            let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.observed.locked();
             match *seen {
                 Some((rev, since)) if rev == entry.revision => since.elapsed() >= ttl,
                 // A value that is no lease (see `write_over`) does not restart the wait: the
@@ -270,7 +271,7 @@ impl Seat {
 
     /// Gives the seat up at shutdown so a standby takes over at once.
     pub async fn release(&self) {
-        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let lease = self.lease.locked().take();
         if self.held.send_if_modified(|h| std::mem::replace(h, false)) {
             crate::metrics::metrics().seat_transitions.inc();
         }

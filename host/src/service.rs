@@ -15,6 +15,7 @@
 //! is answered by nobody, counted (`$SRV.STATS` `data.refused_replies`, the metric
 //! `mesh_provisioner_refused_replies_total`) and logged once per requester.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -157,7 +158,7 @@ impl Micro {
     }
 
     fn stats(&self) -> Value {
-        let all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.stats.locked();
         let mut v = self.head("stats");
         v["started"] = json!(self.started);
         // Per bucket: how often its mirror was compared with the bucket, and rebuilt.
@@ -167,7 +168,7 @@ impl Micro {
             repairs.insert(bucket, json!(r));
         }
         let (audits, repairs) = (Value::Object(audits), Value::Object(repairs));
-        let srv_refused = self.refusals.lock().unwrap_or_else(|p| p.into_inner()).1;
+        let srv_refused = self.refusals.locked().1;
         v["endpoints"] = ENDPOINTS
             .iter()
             .zip(all.iter())
@@ -196,13 +197,13 @@ impl Micro {
         let name = endpoint.and_then(|e| ENDPOINTS.get(e)).map_or("$SRV", |e| e.0);
         crate::metrics::metrics().refused_reply(name);
         if let Some(e) = endpoint {
-            let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            let mut all = self.stats.locked();
             if let Some(s) = all.get_mut(e) {
                 s.refused_replies += 1;
             }
         }
         let requester = requester_of(reply);
-        let mut logged = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut logged = self.refusals.locked();
         if endpoint.is_none() {
             logged.1 += 1;
         }
@@ -214,7 +215,7 @@ impl Micro {
     }
 
     fn count_overloaded(&self, endpoint: usize) {
-        let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.stats.locked();
         if let Some(s) = all.get_mut(endpoint) {
             s.overloaded += 1;
         }
@@ -225,7 +226,7 @@ impl Micro {
     fn count(&self, endpoint: usize, took: Duration, error: Option<(&'static str, String)>) {
         let name = ENDPOINTS.get(endpoint).map_or("unknown", |e| e.0);
         crate::metrics::metrics().request(name, took, error.as_ref().map(|e| e.0));
-        let mut all = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.stats.locked();
         let Some(s) = all.get_mut(endpoint) else { return };
         s.requests += 1;
         s.processing += took;

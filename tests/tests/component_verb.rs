@@ -306,8 +306,17 @@ async fn the_guest_sees_no_environment_files_or_network() {
     let runtime = mesh_provisioner::runtime::Runtime::new().unwrap();
     let bytes = std::fs::read(tests::fixture("misbehave")).unwrap();
     let guest = runtime.load(&bytes, None).unwrap();
-    let reply = guest.handle(mesh(), Default::default(), "mesh-provisioner.provisioning", br#"{"fixture":"probe"}"#, 1 << 20).await.unwrap();
+    // Something listens on the port the guest tries: the host itself can connect to it, the
+    // guest must not.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), "the test's own listener does not answer");
+    let _ = listener.accept().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let body = json!({"fixture":"probe","port":port}).to_string();
+    let reply = guest.handle(mesh(), Default::default(), "mesh-provisioner.provisioning", body.as_bytes(), 1 << 20).await.unwrap();
     let seen: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert!(matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "the guest reached the listener");
     assert_eq!(
         seen,
         json!({"env":0,"args":0,"read_root":false,"read_dot":false,"read_file":false,"write_file":false,"tcp":false,"dns":false}),
@@ -341,6 +350,37 @@ impl Backend for Stalled {
     }
 }
 
+/// A bus that answers every read of `mesh()` but never answers one kind of import: so a call
+/// gets past the others to the one under test.
+struct StallsOn(Arc<MemoryBackend>, Stall);
+
+#[derive(PartialEq)]
+enum Stall {
+    Discovery,
+    RegistryWrites,
+}
+
+impl Backend for StallsOn {
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<mesh_provisioner::mirror::Mirror>> {
+        self.0.current_mirror(bucket)
+    }
+    fn mirror<'a>(&'a self, bucket: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<mesh_provisioner::mirror::Mirror>>> {
+        self.0.mirror(bucket)
+    }
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u64>> {
+        if self.1 == Stall::RegistryWrites { Box::pin(std::future::pending()) } else { self.0.put_registry(key, value, expected) }
+    }
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<()>> {
+        if self.1 == Stall::RegistryWrites { Box::pin(std::future::pending()) } else { self.0.delete_registry(key, expected) }
+    }
+    fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
+        self.0.kept()
+    }
+    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+        if self.1 == Stall::Discovery { Box::pin(std::future::pending()) } else { self.0.responders(service) }
+    }
+}
+
 #[tokio::test]
 async fn every_import_a_call_makes_ends_with_the_calls_deadline() {
     let stalled: Arc<dyn Backend> = Arc::new(Stalled(mesh_provisioner::kept::KeptPlans::memory()));
@@ -353,17 +393,25 @@ async fn every_import_a_call_makes_ends_with_the_calls_deadline() {
     assert!(body.contains("deadline passed during the wait for mesh-provisioner_needs's mirror to be in sync"), "{body}");
     assert!(took < std::time::Duration::from_secs(2), "a stalled read held the call {took:?}");
 
-    // A status check whose discovery never answers is `unknown`, and the answer still comes in time.
-    let (check, _) = {
-        let started = std::time::Instant::now();
-        let r = tests::guest().handle(stalled.clone(), limits, "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20).await.unwrap();
-        (r, started.elapsed())
-    };
-    assert_eq!(check.code, ReplyCode::Unavailable, "{}", String::from_utf8_lossy(&check.body));
-
+    // Every mirror answers; discovery never does: the secret's check is `unknown`, naming the
+    // deadline, and the answer still comes in time.
+    let no_discovery: Arc<dyn Backend> = Arc::new(StallsOn(mesh(), Stall::Discovery));
     let started = std::time::Instant::now();
-    let r = tests::guest().reconcile(stalled, limits).await.unwrap();
-    assert!(r.unwrap_err().contains("deadline passed"), "a stalled registry held the reconcile");
+    let r = tests::guest().handle(no_discovery, limits, "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20).await.unwrap();
+    let took = started.elapsed();
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(r.code, ReplyCode::Ok, "{v}");
+    let secret = v["entries"][0]["needs"].as_array().unwrap().iter().find(|n| n["kind"] == "secret").cloned().unwrap_or_default();
+    assert_eq!(secret["check"], "unknown", "{v}");
+    assert!(secret["reason"].as_str().unwrap_or_default().contains("deadline passed"), "{secret}");
+    assert!(took < std::time::Duration::from_secs(2), "a stalled discovery held the call {took:?}");
+
+    // The registry read answers (empty), its writes never do: the reconcile ends at the deadline.
+    let no_writes: Arc<dyn Backend> = Arc::new(StallsOn(MemoryBackend::new(), Stall::RegistryWrites));
+    let started = std::time::Instant::now();
+    let r = tests::guest().reconcile(no_writes, limits).await.unwrap();
+    let why = r.expect_err("a reconcile whose writes never land cannot succeed");
+    assert!(why.contains("deadline passed") && why.contains("registry"), "{why}");
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
 }
 

@@ -84,10 +84,28 @@ async fn with_no_watch_only_sighup_swaps_a_changed_component() {
     let c = bus.client("node-alpha").await;
     let version = || async { Host::info(&c).await["component_version"].as_str().unwrap_or_default().to_string() };
     let first = version().await;
+    // Beside it, a standby that watches its own copy: the window the --no-watch host is given
+    // is however long a watching host takes to swap (a poll, then compiling the new file).
+    let watched = tempfile::tempdir().unwrap();
+    let watched_component = watched.path().join("guest.wasm");
+    tests::install(&tests::component_path(), &watched_component);
+    let watcher = Host::spawn(bus.url(), &bus, tempfile::tempdir().unwrap(), &watched_component, &[]);
+    let start = std::time::Instant::now();
+    while !watcher.log_text().contains("standing by") {
+        assert!(start.elapsed() < Duration::from_secs(30), "the watching standby never started:\n{}", watcher.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     tests::install(&fixture("v2"), &component);
-    // Several of the watcher's polls: with --no-watch the new file is not taken by itself.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tests::install(&fixture("v2"), &watched_component);
+    let start = std::time::Instant::now();
+    while !watcher.log_text().contains("component swapped") {
+        assert!(start.elapsed() < Duration::from_secs(30), "the watching host never swapped:\n{}", watcher.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // With --no-watch the new file is not taken by itself, though a watcher took its own.
     assert_eq!(version().await, first, "swapped without SIGHUP:\n{}", host.log_text());
+    assert!(!host.log_text().contains("component swapped"), "swapped without SIGHUP:\n{}", host.log_text());
+    drop(watcher);
     host.signal("HUP");
     let start = std::time::Instant::now();
     while version().await != "0.2.0-fixture" {

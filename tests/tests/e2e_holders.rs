@@ -190,7 +190,10 @@ async fn each_holder_is_told_once_and_reads_stale_until_it_applies_the_new_value
     let _ = first.child.wait().await;
     second.wait_answering(&asker).await;
     let start = Instant::now();
+    // At least 3 s (a replay's events would be heard by then), at most 30 s (then it fails,
+    // rather than hanging, when the new holder never follows the notice buckets).
     while !second.log_text().contains("following the buckets notices come from") || start.elapsed() < Duration::from_secs(3) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the new holder never followed the notice buckets:\n{}", second.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A fresh instance replays every mirror as a standby: still nothing heard.

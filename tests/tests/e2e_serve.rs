@@ -116,6 +116,7 @@ async fn pages_large_values_to_stay_under_max_payload() {
         let msg = c.send_request("mesh-provisioner.provisioning", req).await.unwrap();
         assert!(msg.payload.len() <= max, "a reply of {} bytes over max_payload {max}", msg.payload.len());
         let v: Value = serde_json::from_slice(&msg.payload).unwrap();
+        tests::schema::check("provisioning.reply", &v);
         total += keys(&v).len();
         pages += 1;
         match v.get("next") {

@@ -49,6 +49,7 @@ async fn all_needs(c: &async_nats::Client) -> (Vec<Value>, Vec<String>, usize, u
         pages += 1;
         let v: Value = serde_json::from_slice(&reply.payload).expect("a page is JSON");
         assert!(v.get("error").is_none(), "page after {after:?}: {}", short(&v));
+        tests::schema::check("provisioning.reply", &v);
         entries.extend(v["entries"].as_array().expect("entries").iter().cloned());
         shapes.extend(tests::out_of_shape(&v));
         match v["next"].as_str() {

@@ -44,3 +44,32 @@ fn the_checks_catch_what_they_claim_to() {
     assert!(caught(guest::fuzzing::value, &[0xff, 0, b'{']));
     assert!(caught(guest::fuzzing::request, br#"{"what":"holders","kind":"bound","name":"postgres.db"}"#));
 }
+
+/// Each check fails on an implementation that breaks its property: passing good inputs proves
+/// nothing about what a check would catch.
+#[test]
+fn each_check_fails_an_implementation_that_breaks_its_property() {
+    let fails = |f: &dyn Fn(), what: &str| assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err(), "the check passed {what}");
+    // An encoder that leaves a '.' in a token (a name would then span two key tokens).
+    fn dotted(name: &str) -> String {
+        guest::escape::encode(name).replace("=2E", ".")
+    }
+    fails(&|| guest::fuzzing::escape_with(dotted, guest::escape::decode, b"db.url"), "an encoder leaving '.' unescaped");
+    // A decoder that also takes lower-case hex (two spellings of one name).
+    fn loose(token: &str) -> Result<String, String> {
+        guest::escape::decode(&token.to_uppercase())
+    }
+    fails(&|| guest::fuzzing::escape_with(guest::escape::encode, loose, b"db=2eurl"), "a decoder taking lower-case escapes");
+    // A way of showing values that drops bytes it cannot read as UTF-8.
+    fn lossy(_: &[u8]) -> guest::value::Shown<'_> {
+        guest::value::Shown::Binary { value: String::new(), encoding: "base64" }
+    }
+    fails(&|| guest::fuzzing::value_with(lossy, &[0xff, 0, b'{']), "a value shown without its bytes");
+    // A request reader that takes a wildcard for a node.
+    fn wild(body: &[u8]) -> Result<guest::request::Query, String> {
+        let mut q = guest::request::parse(br#"{"what":"needs"}"#)?;
+        q.node = std::str::from_utf8(body).ok().map(str::to_string);
+        Ok(q)
+    }
+    fails(&|| guest::fuzzing::request_with(wild, guest::request::parse_plan, b"*"), "a reader taking * as a node");
+}

@@ -252,26 +252,73 @@ async fn a_status_reply_is_kept_only_while_its_discovery_count_is() {
     assert!(String::from_utf8_lossy(&third.body).contains("\"responders\":2"), "{}", String::from_utf8_lossy(&third.body));
 }
 
-#[tokio::test]
+/// A backend whose mirror reads wait at a gate the test opens: a call is provably still being
+/// answered while the same request arrives again.
+struct Gated {
+    inner: Arc<MemoryBackend>,
+    entered: std::sync::atomic::AtomicUsize,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Backend for Gated {
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
+        self.inner.current_mirror(bucket)
+    }
+    fn mirror<'a>(&'a self, bucket: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<Mirror>>> {
+        self.entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.subscribe();
+        Box::pin(async move {
+            let _ = open.wait_for(|o| *o).await;
+            self.inner.mirror(bucket).await
+        })
+    }
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u64>> {
+        self.inner.put_registry(key, value, expected)
+    }
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<()>> {
+        self.inner.delete_registry(key, expected)
+    }
+    fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
+        self.inner.kept()
+    }
+    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+        self.inner.responders(service)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() {
     let guest = tests::guest();
     let b = MemoryBackend::new();
-    // Enough that an answer outlasts the epoch's tick, at which a guest call yields to the
-    // other requests on the thread.
-    for k in 0..20_000 {
-        b.put("mesh-provisioner_needs", &format!("alpha.app.config.k{k:05}"), br#"{"placeholder":"${config:name}","part":"api"}"#);
-    }
-    let backend = b.clone() as Arc<dyn Backend>;
-    let body = br#"{"what":"needs","node":"alpha","limit":1000}"#;
-    // One call alone (past the cache): what one answer reads.
-    let before = b.reads();
-    guest.handle_uncached(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
-    let one = b.reads() - before;
+    b.put("mesh-provisioner_needs", "alpha.app.config.k", br#"{"placeholder":"${config:name}","part":"api"}"#);
+    let body = br#"{"what":"needs","node":"alpha"}"#;
+    // What one answer reads, past the cache, through an open gate.
+    let open = Arc::new(Gated { inner: b.clone(), entered: Default::default(), open: tokio::sync::watch::channel(true).0 });
+    guest.handle_uncached(open.clone() as Arc<dyn Backend>, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
+    let one = open.entered.load(std::sync::atomic::Ordering::SeqCst);
     assert!(one > 0);
-    // Sixteen at once: the guest answers once, the others wait and are served that answer.
-    let before = b.reads();
-    let asks = (0..16).map(|_| guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20));
-    let replies = futures::future::join_all(asks).await;
-    assert!(replies.iter().all(|r| r.as_ref().unwrap() == replies[0].as_ref().unwrap()));
-    assert_eq!(b.reads() - before, one, "16 concurrent asks of one request called the guest more than once");
+    let gated = Arc::new(Gated { inner: b.clone(), entered: Default::default(), open: tokio::sync::watch::channel(false).0 });
+    let backend = gated.clone() as Arc<dyn Backend>;
+    // Sixteen at once while the first is held at its first read: the guest is called once, the
+    // others wait for its answer (none reads, none is answered from a reply kept before).
+    let asks: Vec<_> = (0..16)
+        .map(|_| {
+            let (guest, backend) = (guest.clone(), backend.clone());
+            tokio::spawn(async move { guest.handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await })
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    while gated.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "no call reached the backend");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(gated.entered.load(std::sync::atomic::Ordering::SeqCst), 1, "a second call read while the first was being answered");
+    gated.open.send_replace(true);
+    let mut replies = Vec::new();
+    for a in asks {
+        replies.push(a.await.expect("the task ends").expect("answers"));
+    }
+    assert!(replies.iter().all(|r| *r == replies[0]), "the waiting asks got another answer");
+    assert_eq!(gated.entered.load(std::sync::atomic::Ordering::SeqCst), one, "16 concurrent asks of one request called the guest more than once");
 }

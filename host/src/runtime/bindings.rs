@@ -21,7 +21,7 @@ use mesh::provisioner::{discovery, kept_plans, log, registry_writer, store, type
 pub fn host_error(e: Error) -> types::HostError {
     let m = e.message().to_string();
     match e.kind() {
-        ErrorKind::Unavailable | ErrorKind::Guest | ErrorKind::Config | ErrorKind::NotCurrent | ErrorKind::Diverged => types::HostError::Unavailable(m),
+        ErrorKind::Unavailable | ErrorKind::Guest | ErrorKind::Config => types::HostError::Unavailable(m),
         ErrorKind::Conflict => types::HostError::Conflict(m),
         ErrorKind::Denied => types::HostError::Denied(m),
         ErrorKind::Invalid => types::HostError::Invalid(m),

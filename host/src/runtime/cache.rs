@@ -17,6 +17,7 @@
 //! component's digest is part of every key. Every decision stays the guest's: a hit replays the
 //! bytes the guest answered to the same request over the same data.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
@@ -96,7 +97,7 @@ pub struct Flight<'a> {
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        self.cache.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.hash);
+        self.cache.flights.locked().remove(&self.hash);
     }
 }
 
@@ -111,7 +112,7 @@ impl ReplyCache {
     pub async fn fly(&self, verb: &str, body: &[u8], max_reply: u32, limit: std::time::Duration) -> Result<Flight<'_>, ()> {
         let hash = self.hash(verb, body, max_reply);
         let mut waiting = {
-            let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            let mut flights = self.flights.locked();
             match flights.get(&hash) {
                 Some(rx) => rx.clone(),
                 None => {
@@ -129,7 +130,7 @@ impl ReplyCache {
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies
     /// nothing: the reply's bytes are shared.
     pub fn get(&self, backend: &dyn Backend, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = self.kept.locked();
         if kept.entries == 0 {
             return None;
         }
@@ -174,7 +175,7 @@ impl ReplyCache {
         }
         let size = body.len() + reply.body.len() + verb.len();
         let hash = self.hash(verb, body, max_reply);
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.locked();
         if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
             *kept = Replies::default();
         }
