@@ -21,8 +21,13 @@ pub struct Report {
 
 /// Reads every key of `bucket` matching `filter`, page by page.
 pub fn scan_all(env: &dyn Env, bucket: &str, filter: &str) -> Result<Vec<Entry>, HostError> {
+    scan_after(env, bucket, filter, None)
+}
+
+/// Every key of `bucket` matching `filter` after `after`, in key order, page by page.
+pub fn scan_after(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>) -> Result<Vec<Entry>, HostError> {
     let mut all = Vec::new();
-    let mut after: Option<String> = None;
+    let mut after: Option<String> = after.map(str::to_string);
     loop {
         let page = env.scan(bucket, filter, after.as_deref(), 1000)?;
         let last = page.entries.last().map(|e| e.key.clone());

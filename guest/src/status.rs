@@ -828,7 +828,7 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
             }
         }
         for filter in std::iter::once(&deep).chain(single.as_ref()) {
-            for e in scan_after(env, bucket, filter, after)? {
+            for e in crate::reconcile::scan_after(env, bucket, filter, after)? {
                 let p = position(&e.key);
                 if beyond(&p) && within(&p) {
                     let reason = if bucket == APPLIED { parse_applied(&e.key) } else { parse_assignment(&e.key) }.err().unwrap_or_default();
@@ -839,20 +839,6 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
     }
     out.sort_by(|a, b| (&a.0, a.1.bucket, &a.1.key).cmp(&(&b.0, b.1.bucket, &b.1.key)));
     Ok(out)
-}
-
-/// Every key of `bucket` matching `filter` after `after`, in key order.
-fn scan_after(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>) -> Result<Vec<crate::env::Entry>, HostError> {
-    let (mut all, mut cursor) = (Vec::new(), after.map(str::to_string));
-    loop {
-        let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
-        let last = page.entries.last().map(|e| e.key.clone());
-        all.extend(page.entries);
-        match (page.more, last) {
-            (true, Some(l)) => cursor = Some(l),
-            _ => return Ok(all),
-        }
-    }
 }
 
 /// Answers `what: "status"`: a page of modules, each rendered whole, cut by `limit` and by the

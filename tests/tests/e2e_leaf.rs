@@ -48,6 +48,14 @@ async fn until_answered(c: &Client, what: &str) {
     }
 }
 
+/// Whether a JetStream publish of `subject` is stored (acknowledged by a stream).
+async fn stored(js: &jetstream::Context, subject: String) -> bool {
+    match js.publish(subject, "forged".into()).await {
+        Ok(ack) => ack.await.is_ok(),
+        Err(_) => false,
+    }
+}
+
 /// Everything heard on `sub` for `within`.
 async fn heard(sub: &mut async_nats::Subscriber, within: Duration) -> Vec<Value> {
     let mut out = Vec::new();
@@ -92,11 +100,7 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
     let mut short = jetstream::new(alpha.clone());
     short.set_timeout(Duration::from_millis(1500));
     for forged in [format!("kv.{NEEDS}.beta.app.config.x"), format!("$KV.{NEEDS}.beta.app.config.x"), format!("$KV.{NEEDS}.alpha.app.config.x")] {
-        let acked = match short.publish(forged.clone(), "forged".into()).await {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        };
-        assert!(!acked, "{forged} from alpha's leaf was stored");
+        assert!(!stored(&short, forged.clone()).await, "{forged} from alpha's leaf was stored");
     }
     let v = ask_ok(&beta, json!({"what":"needs","node":"beta"})).await;
     assert_eq!(tests::keys(&v), Vec::<String>::new(), "beta's keys: {v}");
@@ -108,11 +112,7 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
     let made = thief_js.create_stream(jetstream::stream::Config { name: "grab".into(), subjects: vec!["mesh-provisioner.notice.>".into()], ..Default::default() }).await;
     assert!(made.is_err(), "the leaf's user made a stream");
     for forged in [format!("kv.{NEEDS}.beta.app.config.x"), format!("$KV.{NEEDS}.beta.app.config.x")] {
-        let acked = match thief_js.publish(forged.clone(), "forged".into()).await {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        };
-        assert!(!acked, "{forged} from the leaf's user at the hub was stored");
+        assert!(!stored(&thief_js, forged.clone()).await, "{forged} from the leaf's user at the hub was stored");
     }
     let v = ask_ok(&beta, json!({"what":"needs","node":"beta"})).await;
     assert_eq!(tests::keys(&v), Vec::<String>::new(), "beta's keys after the leaf's user tried: {v}");

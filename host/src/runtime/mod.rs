@@ -514,35 +514,43 @@ impl Guest {
         }
     }
 
-    pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let i = match inst.api.mesh_provisioner_api().call_info(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
+    /// One call of an export, the only place an instance is checked out, called, and checked
+    /// back in: a failure is named by what stopped the call (its deadline, its memory, a trap)
+    /// and the instance is dropped with it; `export`, when given, times the call for the metrics.
+    /// `f` is handed the instance and hands it back with what the export returned. Every export
+    /// below is this and a conversion of its types.
+    async fn call<'c, T>(
+        &self,
+        backend: Arc<dyn Backend>,
+        limits: Limits,
+        export: Option<&'static str>,
+        f: impl FnOnce(Instance) -> futures::future::BoxFuture<'c, (Instance, wasmtime::Result<T>)>,
+    ) -> Result<T> {
+        let inst = self.checkout(backend, limits).await?;
+        let started = std::time::Instant::now();
+        let (inst, r) = f(inst).await;
+        let v = r.map_err(|e| call_err(&limits, inst.store.data().limits.hit, e))?;
+        if let Some(export) = export {
+            crate::metrics::metrics().guest_call(export, started.elapsed());
+        }
         self.checkin(inst);
+        Ok(v)
+    }
+
+    pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
+        let i = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_info(&mut i.store).await; (i, r) })).await?;
         Ok(BuildInfo { name: i.name, version: i.version, wit_version: i.wit_version })
     }
 
     pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let rows = match inst.api.mesh_provisioner_api().call_compile_registry(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
+        let rows = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_compile_registry(&mut i.store).await; (i, r) })).await?;
         Ok(rows.into_iter().map(|r| (r.kind, r.value)).collect())
     }
 
     /// Reconciles the registry; the inner error is the store's or writer's failure as the guest
     /// reported it.
     pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let r = match inst.api.mesh_provisioner_api().call_reconcile(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
+        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_reconcile(&mut i.store).await; (i, r) })).await?;
         Ok(r
             .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
             .map_err(|e| format!("{e:?}")))
@@ -550,27 +558,16 @@ impl Guest {
 
     /// The buckets whose changes can move a plan (a trailing `*`: a prefix).
     pub async fn plan_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let r = match inst.api.mesh_provisioner_api().call_plan_inputs(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
-        Ok(r)
+        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_plan_inputs(&mut i.store).await; (i, r) })).await
     }
 
     /// Recomputes the plans `changes` can move; the inner error is a store failure as the guest
     /// reported it.
     pub async fn refresh(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change]) -> Result<Result<RefreshReport, String>> {
         let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
-        let mut inst = self.checkout(backend, limits).await?;
-        let started = std::time::Instant::now();
-        let r = match inst.api.mesh_provisioner_api().call_refresh(&mut inst.store, &changes).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        crate::metrics::metrics().guest_call("refresh", started.elapsed());
-        self.checkin(inst);
+        let r = self
+            .call(backend, limits, Some("refresh"), |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_refresh(&mut i.store, &changes).await; (i, r) }))
+            .await?;
         Ok(r
             .map(|r| RefreshReport {
                 computed: r.computed,
@@ -585,25 +582,14 @@ impl Guest {
 
     /// The buckets notices come from (names, or one `*` in a name).
     pub async fn notice_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let r = match inst.api.mesh_provisioner_api().call_notice_inputs(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
-        Ok(r)
+        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notice_inputs(&mut i.store).await; (i, r) })).await
     }
 
     /// The notices `events` send; the inner error is a store failure as the guest reported it.
     pub async fn notices(&self, backend: Arc<dyn Backend>, limits: Limits, events: &[ValueEvent]) -> Result<Result<NoticeReport, String>> {
         let events: Vec<api::ValueEvent> =
             events.iter().map(|e| api::ValueEvent { bucket: e.bucket.clone(), key: e.key.clone(), revision: e.revision, deleted: e.deleted }).collect();
-        let mut inst = self.checkout(backend, limits).await?;
-        let r = match inst.api.mesh_provisioner_api().call_notices(&mut inst.store, &events).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
+        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notices(&mut i.store, &events).await; (i, r) })).await?;
         Ok(r
             .map(|r| NoticeReport {
                 notices: r.notices.into_iter().map(|n| Notice { node: n.node, body: n.body }).collect(),
@@ -614,27 +600,18 @@ impl Guest {
 
     /// The buckets a module's state depends on (names, or one `*` in a name).
     pub async fn status_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        let mut inst = self.checkout(backend, limits).await?;
-        let r = match inst.api.mesh_provisioner_api().call_status_inputs(&mut inst.store).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        self.checkin(inst);
-        Ok(r)
+        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_status_inputs(&mut i.store).await; (i, r) })).await
     }
 
     /// The state records and events `changes` move; the inner error is a store failure as the
     /// guest reported it.
     pub async fn transitions(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change], now: &str) -> Result<Result<TransitionReport, String>> {
         let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
-        let mut inst = self.checkout(backend, limits).await?;
-        let started = std::time::Instant::now();
-        let r = match inst.api.mesh_provisioner_api().call_transitions(&mut inst.store, &changes, now).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        crate::metrics::metrics().guest_call("transitions", started.elapsed());
-        self.checkin(inst);
+        let r = self
+            .call(backend, limits, Some("transitions"), |mut i| {
+                Box::pin(async move { let r = i.api.mesh_provisioner_api().call_transitions(&mut i.store, &changes, now).await; (i, r) })
+            })
+            .await?;
         Ok(r
             .map(|r| TransitionReport {
                 computed: r.computed,
@@ -677,17 +654,18 @@ impl Guest {
 
     /// One call of the guest's `handle`, and what it read (see [`cache`]).
     pub async fn handle_uncached(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<(Reply, Option<Vec<cache::Read>>)> {
-        let mut inst = self.checkout(backend, limits).await?;
         // Recorded only for the cache: with it off, a call's reads are not worth the copies.
-        inst.store.data_mut().reads = self.runtime.options.reply_cache.then(Vec::new);
-        let started = std::time::Instant::now();
-        let r = match inst.api.mesh_provisioner_api().call_handle(&mut inst.store, verb, body, max_reply).await {
-            Ok(v) => v,
-            Err(e) => return Err(call_err(&limits, inst.store.data().limits.hit, e)),
-        };
-        crate::metrics::metrics().guest_call("handle", started.elapsed());
-        let reads = inst.store.data_mut().reads.take();
-        self.checkin(inst);
+        let record = self.runtime.options.reply_cache;
+        let (r, reads) = self
+            .call(backend, limits, Some("handle"), |mut i| {
+                Box::pin(async move {
+                    i.store.data_mut().reads = record.then(Vec::new);
+                    let r = i.api.mesh_provisioner_api().call_handle(&mut i.store, verb, body, max_reply).await;
+                    let reads = i.store.data_mut().reads.take();
+                    (i, r.map(|r| (r, reads)))
+                })
+            })
+            .await?;
         let code = match r.code {
             api::ReplyCode::Ok => ReplyCode::Ok,
             api::ReplyCode::BadRequest => ReplyCode::BadRequest,

@@ -1,0 +1,272 @@
+//! Mirrors fed by watches: a bucket mirrored on first use, replayed into a copy built aside and
+//! swapped in when in sync, resynced on reconnect, rebuilt when the audit asks, dropped when its
+//! bucket is gone and unread; each change offered to the plans' and states' `Changes` and, live,
+//! to the notices' `Events`.
+
+use super::*;
+
+impl NatsBackend {
+    pub(super) async fn mirror_of(&self, bucket: &str) -> Result<Arc<Mirror>> {
+        let existing = self.mirrors.locked().get(bucket).cloned();
+        let mirror = match existing {
+            Some(m) => m,
+            None => {
+                check_bucket(bucket)?;
+                // Fails fast when the bus cannot be asked, rather than wait for a sync.
+                if !self.bucket_exists(bucket).await? {
+                    let m = Mirror::new();
+                    m.set_missing(true);
+                    m.set_ready(true);
+                    return Ok(Arc::new(m));
+                }
+                let mut map = self.mirrors.locked();
+                match map.get(bucket) {
+                    Some(m) => m.clone(),
+                    None if map.len() >= MAX_MIRRORS => {
+                        return Err(Error::new(ErrorKind::Invalid, format!("{MAX_MIRRORS} buckets are mirrored already; not {bucket}")));
+                    }
+                    None => {
+                        // The node clients' buckets: each node writes `<node>.>`, so a key's
+                        // first token is its writer, counted against the quota.
+                        let m = Arc::new(if CLIENT_BUCKETS.contains(&bucket) { Mirror::counting_writers() } else { Mirror::new() });
+                        map.insert(bucket.to_string(), m.clone());
+                        let follower = Follower {
+                            budget: self.options.mirror_budget,
+                            js: self.js.clone(),
+                            bucket: bucket.to_string(),
+                            mirror: m.clone(),
+                            changes: self.changes.clone(),
+                            state_changes: self.state_changes.clone(),
+                            events: self.events.clone(),
+                            mirrors: self.mirrors.clone(),
+                        };
+                        tokio::spawn(follower.run(self.resync.subscribe()));
+                        m
+                    }
+                }
+            }
+        };
+        mirror.touch();
+        let start = Instant::now();
+        while !mirror.is_ready() {
+            if start.elapsed() > SYNC_TIMEOUT {
+                return Err(Error::new(ErrorKind::Unavailable, format!("the mirror of {bucket} is not in sync")));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if let Some(why) = mirror.refused() {
+            return Err(Error::new(ErrorKind::Denied, why));
+        }
+        Ok(mirror)
+    }
+
+    /// Waits (briefly) until the mirror of `bucket` shows `revision`, so a reconcile (or the
+    /// next state decision) right after a write reads its own write.
+    pub(super) async fn settle(&self, bucket: &str, revision: u64) {
+        if let Ok(m) = self.mirror_of(bucket).await {
+            let start = Instant::now();
+            while m.revision() < revision && start.elapsed() < Duration::from_secs(2) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+/// How one follow of a bucket ended.
+enum Followed {
+    /// The watch ended or failed: replay from scratch.
+    Lost(Result<()>),
+    /// The bucket does not exist (any more): the mirror is empty and in sync.
+    Missing,
+    /// The bucket is not read (see [`Mirror::set_refused`]), for this reason.
+    Refused(String),
+}
+
+/// Keeps one mirror equal to its bucket.
+struct Follower {
+    /// The bytes all mirrors may hold (0: no budget).
+    budget: usize,
+    js: jetstream::Context,
+    bucket: String,
+    mirror: Arc<Mirror>,
+    changes: Arc<Changes>,
+    state_changes: Arc<Changes>,
+    events: Arc<crate::events::Events>,
+    /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
+    mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
+}
+
+impl Follower {
+    /// Offers a change (`None`: the whole bucket) to the plans and the states that follow it.
+    fn record(&self, key: Option<&str>) {
+        self.changes.record(&self.bucket, key);
+        self.state_changes.record(&self.bucket, key);
+    }
+
+    /// Follows the bucket, resyncing from scratch whenever the watch ends, and looking again
+    /// every [`MISSING_POLL`] for a bucket that does not exist.
+    async fn run(self, mut resync: tokio::sync::watch::Receiver<u64>) {
+        let mut backoff = Duration::from_millis(50);
+        // Whether the mirror already shows the bucket as missing (empty and in sync).
+        let mut was_missing = false;
+        loop {
+            resync.borrow_and_update();
+            let outcome = tokio::select! {
+                r = self.once() => r,
+                _ = resync.changed() => {
+                    tracing::info!(bucket = self.bucket, "resyncing the mirror");
+                    self.mirror.set_ready(false);
+                    backoff = Duration::from_millis(50);
+                    was_missing = false;
+                    continue;
+                }
+                // An audit found the mirror diverged: rebuild it aside, answering from it
+                // meanwhile.
+                _ = self.mirror.rebuild_requested() => {
+                    tracing::info!(bucket = self.bucket, "rebuilding the mirror from the bucket");
+                    backoff = Duration::from_millis(50);
+                    was_missing = false;
+                    continue;
+                }
+            };
+            match outcome {
+                Followed::Refused(why) => {
+                    if self.mirror.set_refused(Some(why.clone())) {
+                        tracing::error!(bucket = self.bucket, "bucket refused: {why}");
+                        self.record(None);
+                    }
+                    self.mirror.set_ready(true);
+                    was_missing = false;
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFUSED_POLL) => {},
+                        _ = resync.changed() => {},
+                        _ = self.mirror.rebuild_requested() => {},
+                    }
+                    continue;
+                }
+                Followed::Missing => {
+                    if !was_missing {
+                        self.mirror.set_refused(None);
+                        self.mirror.clear();
+                        self.mirror.set_missing(true);
+                        self.mirror.set_ready(true);
+                        self.record(None);
+                        tracing::debug!(bucket = self.bucket, "bucket does not exist yet: mirrored as empty");
+                    }
+                    was_missing = true;
+                    if self.mirror.unread_for() > MISSING_EVICT {
+                        let mut map = self.mirrors.locked();
+                        if map.get(&self.bucket).is_some_and(|m| Arc::ptr_eq(m, &self.mirror)) {
+                            map.remove(&self.bucket);
+                        }
+                        tracing::info!(bucket = self.bucket, "the bucket is gone and nobody reads it: mirror dropped");
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(MISSING_POLL) => {},
+                        _ = resync.changed() => {},
+                        _ = self.mirror.rebuild_requested() => {},
+                    }
+                    continue;
+                }
+                Followed::Lost(Ok(())) => tracing::warn!(bucket = self.bucket, "watch ended; resyncing the mirror"),
+                Followed::Lost(Err(e)) => tracing::warn!(bucket = self.bucket, "mirror lost: {e}; resyncing"),
+            }
+            was_missing = false;
+            self.mirror.set_ready(false);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Replays the bucket into a copy built aside and, once that copy is in sync, makes it the
+    /// mirror in one step (readers see the old contents until then, never a half-built
+    /// mirror); then follows the bucket live until the watch ends.
+    async fn once(&self) -> Followed {
+        let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
+        match stream_info(&self.js, bucket).await {
+            Ok(Some(info)) => match crate::bucket::shape(bucket, &info.config) {
+                Shape::Refused(why) => return Followed::Refused(why),
+                Shape::Bucket { unsafe_settings } => crate::bucket::note_unsafe(bucket, mirror, unsafe_settings),
+            },
+            Ok(None) => return Followed::Missing,
+            Err(e) => return Followed::Lost(Err(e)),
+        }
+        let opened = bounded(
+            || format!("watching {bucket}"),
+            async {
+                let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
+                // The watch first, then the state: a bucket emptied between the two reads as
+                // empty (ready at once), where the other order would wait for a replay of
+                // nothing. The state is read fresh: a store's status is as of its opening.
+                let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+                let state = crate::bucket::stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
+                Ok::<_, Error>((state, watch))
+            },
+        );
+        let (state, mut watch) = match opened.await {
+            Ok(o) => o,
+            Err(e) => return Followed::Lost(Err(e)),
+        };
+        let staged = mirror.like();
+        // The stream's last revision, even when its newest messages are gone (expired,
+        // purged): the mirror is then as far as the stream, not behind it.
+        staged.note_revision(state.last_sequence);
+        let mut live = false;
+        let started = Instant::now();
+        if state.messages == 0 {
+            mirror.adopt(&staged);
+            live = true;
+            self.record(None);
+        }
+        loop {
+            let next = if live {
+                watch.next().await
+            } else {
+                // A replay that stalls (the messages it was to deliver expired meanwhile) is
+                // started again rather than waited for.
+                match tokio::time::timeout(REPLAY_STALL, watch.next()).await {
+                    Ok(next) => next,
+                    Err(_) => return Followed::Lost(Err(Error::new(ErrorKind::Timeout, format!("the replay of {bucket} stalled for {REPLAY_STALL:?}")))),
+                }
+            };
+            let Some(entry) = next else { break };
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
+            };
+            let target = if live { mirror.as_ref() } else { &staged };
+            target.set_lag(entry.delta);
+            let deleted = match entry.operation {
+                kv::Operation::Put => {
+                    target.put(&entry.key, entry.revision, &entry.value);
+                    if self.budget > 0 && crate::mirror::total_bytes() > self.budget {
+                        // Dropped rather than grown until the process is killed: this bucket
+                        // is refused (said in /readyz, status and the metrics) until there is
+                        // room again.
+                        staged.clear();
+                        let why = format!("the mirrors' memory budget of {} bytes is spent: {bucket} is not mirrored until there is room", self.budget);
+                        return Followed::Refused(why);
+                    }
+                    false
+                }
+                kv::Operation::Delete | kv::Operation::Purge => {
+                    target.delete(&entry.key, entry.revision);
+                    true
+                }
+            };
+            if live {
+                // Live, not replayed: plans may move, and holders are told.
+                self.record(Some(&entry.key));
+                self.events.record(bucket, &entry.key, entry.revision, deleted);
+            } else if entry.delta == 0 {
+                mirror.adopt(&staged);
+                live = true;
+                self.record(None);
+                tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
+            }
+        }
+        Followed::Lost(Ok(()))
+    }
+}

@@ -1,0 +1,331 @@
+//! The real backend: NATS JetStream, as the provisioner's own account. This file is its front:
+//! `NatsBackend` (opened with its owned buckets), its [`Backend`] implementation, and the
+//! settings; each concern behind it has a file of its own:
+//!
+//! - `follow.rs` — mirrors fed by watches (first use, replay aside, resync, rebuild, eviction);
+//! - `listing.rs` — which buckets exist (one shared listing) and which streams capture our subjects;
+//! - `discovery.rs` — `$SRV.PING` counts, kept a few seconds;
+//! - `writes.rs` — compare-and-set on the registry and the state records, seat-gated.
+//!
+//! A bucket that does not exist yet (a node whose engine has composed nothing) reads as empty
+//! and is never mirrored. Every async-nats failure becomes a host [`Error`] here, by its kind.
+
+use crate::sync::Locked;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use async_nats::Client;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+
+use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET, STATES_BUCKET};
+use crate::bucket::{bounded, ensure_bucket, open_bucket, stream_info, Limits, Shape, Spec};
+use crate::changes::Changes;
+use crate::error::{Error, ErrorKind, Result};
+use crate::kept::KeptPlans;
+use crate::mirror::{Mirror, Quota};
+use crate::seat::Seat;
+
+mod discovery;
+mod follow;
+mod listing;
+mod writes;
+
+use writes::{cas_put, update_err};
+
+/// The buckets the node clients write and the provisioner reads.
+pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
+/// The buckets every instance keeps mirrored, standby included (so taking over is quick): the
+/// registry and the node clients' buckets. An instance is ready when these are in sync.
+pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_BUCKETS[1], CLIENT_BUCKETS[2]];
+
+/// How long a first use of a bucket may wait for its mirror to replay.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replay that delivers nothing for this long is started again.
+const REPLAY_STALL: Duration = Duration::from_secs(5);
+/// How often a mirrored bucket that was deleted is looked for again.
+const MISSING_POLL: Duration = Duration::from_secs(1);
+/// A mirror of a bucket that no longer exists, unread this long, is dropped.
+/// (Reading it again costs one listing of the bus's buckets, which says it is missing.)
+const MISSING_EVICT: Duration = Duration::from_secs(10);
+/// How long a listing of the bus's buckets is used when no creation was announced since (the
+/// server's stream-created advisories end it at once; this bounds it if they cannot arrive).
+const NAMES_FOR: Duration = Duration::from_secs(5);
+/// The server's advisory of each stream created.
+const STREAM_CREATED: &str = "$JS.EVENT.ADVISORY.STREAM.CREATED.>";
+/// How long a discovery answer is reused: a status page over many modules pings a service once.
+const DISCOVERY_CACHE: Duration = Duration::from_secs(3);
+/// How long discovery waits for the first responder, and for more after the last one.
+const DISCOVERY_WAIT: Duration = Duration::from_millis(250);
+const DISCOVERY_SETTLE: Duration = Duration::from_millis(30);
+/// Most services whose discovery answers are kept.
+const DISCOVERY_KEPT: usize = 1024;
+/// Most buckets mirrored at once: the guest names buckets, and each costs a watch.
+pub const MAX_MIRRORS: usize = 4096;
+/// How often a refused bucket (not a bucket's stream, or dropped for the memory budget) is
+/// looked at again.
+const REFUSED_POLL: Duration = Duration::from_secs(10);
+
+/// How the backend makes and keeps its buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Replicas of the buckets this server creates.
+    pub replicas: usize,
+    /// The limits of the node clients' buckets this server creates.
+    pub limits: Limits,
+    /// The bytes (keys and values) all mirrors together may hold; a mirror whose growth passes
+    /// it is dropped and its bucket refused until there is room (0: no budget).
+    pub mirror_budget: usize,
+    /// What one node may hold of a node clients' bucket before it is named.
+    pub quota: Quota,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { replicas: 1, limits: Limits::default(), mirror_budget: 0, quota: Quota::default() }
+    }
+}
+
+/// The bus's buckets as last listed: when, at which creation count, and their names.
+type Listing = (Option<(Instant, u64)>, std::collections::HashSet<String>);
+
+pub struct NatsBackend {
+    options: Options,
+    client: Client,
+    /// Discovery answers by service: when asked and how many responded.
+    discovered: std::sync::Mutex<HashMap<String, (Instant, u32)>>,
+    /// Discovery pings sent (each a cache miss).
+    pings: std::sync::atomic::AtomicU64,
+    js: jetstream::Context,
+    registry: kv::Store,
+    /// Each module's recorded state (written only by `write_state`, while the seat is held).
+    states: kv::Store,
+    mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
+    /// The buckets on the bus, as last listed, and when. A bucket not on the bus reads as
+    /// empty and is never mirrored: a request naming buckets nobody made costs no mirror, and
+    /// no call the account may not make (the stream listing is one call, shared by every read
+    /// waiting for it).
+    names: tokio::sync::Mutex<Listing>,
+    /// Streams announced created (and reconnections): a listing made before the latest is stale.
+    created: Arc<std::sync::atomic::AtomicU64>,
+    /// Streams found capturing the provisioner's subjects, with the subject (see
+    /// [`NatsBackend::captures`]).
+    captured: std::sync::Mutex<Vec<(String, String)>>,
+    /// The seat gating registry writes; none set means this instance may write (tests, tools).
+    seat: OnceLock<Arc<Seat>>,
+    /// Bumped to make every mirror replay from scratch (after a reconnect).
+    resync: tokio::sync::watch::Sender<u64>,
+    changes: Arc<Changes>,
+    /// The changes of the buckets a module's state depends on (`status-inputs`).
+    state_changes: Arc<Changes>,
+    events: Arc<crate::events::Events>,
+    kept: KeptPlans,
+}
+
+impl NatsBackend {
+    /// Opens (or creates) the provisioner's buckets as `options` say; plans are kept by `kept`.
+    pub async fn open(client: Client, options: Options, kept: KeptPlans) -> Result<Arc<Self>> {
+        let js = jetstream::new(client.clone());
+        let (mut registry, mut states) = (None, None);
+        for spec in owned_buckets(&options) {
+            let store = open_bucket(&js, &spec).await?;
+            match spec.bucket.as_str() {
+                REGISTRY_BUCKET => registry = Some(store),
+                STATES_BUCKET => states = Some(store),
+                _ => {}
+            }
+        }
+        let (Some(registry), Some(states)) = (registry, states) else {
+            return Err(Error::new(ErrorKind::Config, "the registry and states buckets are not among the owned buckets"));
+        };
+        Ok(Arc::new(NatsBackend {
+            options,
+            client,
+            discovered: Default::default(),
+            pings: Default::default(),
+            js,
+            registry,
+            states,
+            mirrors: Default::default(),
+            names: Default::default(),
+            captured: Default::default(),
+            created: Default::default(),
+            seat: OnceLock::new(),
+            resync: tokio::sync::watch::channel(0).0,
+            changes: Arc::new(Changes::new()),
+            state_changes: Arc::new(Changes::new()),
+            events: Arc::new(crate::events::Events::new()),
+            kept,
+        }))
+    }
+
+    /// Makes again each bucket this server owns that the bus no longer has (a server restarted
+    /// with an empty store): the names of those made.
+    pub async fn ensure_owned(&self) -> Result<Vec<String>> {
+        let mut made = Vec::new();
+        for spec in owned_buckets(&self.options) {
+            let bucket = spec.bucket.clone();
+            if ensure_bucket(&self.js, &spec).await? {
+                made.push(bucket);
+            }
+        }
+        if !made.is_empty() {
+            // The listing of the bus's buckets is stale, and the mirrors see them at once.
+            self.created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let mirrors = self.mirrors.locked();
+            for b in &made {
+                if let Some(m) = mirrors.get(b) {
+                    m.request_rebuild();
+                }
+            }
+        }
+        Ok(made)
+    }
+
+    /// The changes the mirrors have seen of the buckets plans depend on.
+    pub fn changes(&self) -> &Arc<Changes> {
+        &self.changes
+    }
+
+    /// The changes the mirrors have seen of the buckets a module's state depends on.
+    pub fn state_changes(&self) -> &Arc<Changes> {
+        &self.state_changes
+    }
+
+    /// The live changes of the buckets notices come from.
+    pub fn events(&self) -> &Arc<crate::events::Events> {
+        &self.events
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// From now on, registry writes need `seat` to be held at the moment of writing.
+    pub fn gate_writes(&self, seat: Arc<Seat>) {
+        let _ = self.seat.set(seat);
+    }
+
+    /// Makes every mirror replay its bucket from scratch; until each is back in sync, reads of
+    /// it wait (bounded) and then fail: never a stale answer presented as complete.
+    pub fn resync(&self) {
+        self.created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.resync.send_modify(|g| *g += 1);
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match self.seat.get() {
+            Some(seat) if !seat.is_held() => Err(Error::new(ErrorKind::Denied, "this instance does not hold the seat")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Subjects no stream may capture: the verbs, the notices and events, the micro-service
+/// protocol.
+pub const CAPTURED_NEVER: [&str; 2] = ["mesh-provisioner.>", "$SRV.>"];
+
+/// The buckets this server creates (the registry first), with their settings.
+pub fn owned_buckets(options: &Options) -> Vec<Spec> {
+    // A few dozen kinds of a few hundred bytes each, five revisions kept.
+    let registry = Limits { max_bytes: 16 << 20, max_value: Limits::DEFAULT_MAX_VALUE };
+    let mut all = vec![
+        Spec::new(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, options.replicas, registry),
+        Spec::new(STATES_BUCKET, "mesh-provisioner: each module's state and since when", 1, options.replicas, options.limits),
+    ];
+    all.extend(CLIENT_BUCKETS.iter().map(|b| Spec::new(b, "written by each node's provisioner client", 1, options.replicas, options.limits)));
+    all
+}
+
+impl Backend for NatsBackend {
+    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
+        self.mirrors.locked().get(bucket).cloned().filter(|m| m.is_ready())
+    }
+
+    fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
+        Box::pin(self.mirror_of(bucket))
+    }
+
+    fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            self.check_writable()?;
+            crate::mirror::check_subject(key, false)?;
+            let rev = cas_put(&self.registry, "registry", key, value, expected).await?;
+            self.settle(REGISTRY_BUCKET, rev).await;
+            Ok(rev)
+        })
+    }
+
+    fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.check_writable()?;
+            crate::mirror::check_subject(key, false)?;
+            bounded(|| format!("deleting registry key {key}"), async { self.registry.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("registry delete", e)) }).await?;
+            // The delete's revision is not returned: its marker, read back, has it.
+            let marker = bounded(|| format!("reading registry key {key}"), async {
+                self.registry.entry(key).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading registry key {key}: {e}")))
+            })
+            .await?;
+            if let Some(m) = marker {
+                self.settle(REGISTRY_BUCKET, m.revision).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
+        let map = self.mirrors.locked();
+        let mut all: Vec<(String, Arc<Mirror>)> = map.iter().map(|(b, m)| (b.clone(), m.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    fn mirrored(&self) -> usize {
+        self.mirrors.locked().len()
+    }
+
+    fn kept(&self) -> &KeptPlans {
+        &self.kept
+    }
+
+    fn captured(&self) -> Vec<(String, String)> {
+        self.captured.locked().clone()
+    }
+
+    fn quota(&self) -> Quota {
+        self.options.quota
+    }
+
+    fn listing_stamp(&self) -> Option<(Instant, u64)> {
+        // Never waits: a listing being made now is not the one a cached reply read.
+        let names = self.names.try_lock().ok()?;
+        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+        names.0.filter(|(at, g)| *g == generation && at.elapsed() < NAMES_FOR)
+    }
+
+    fn discovered_at(&self, service: &str) -> Option<Instant> {
+        let kept = self.discovered.locked();
+        kept.get(service).map(|(at, _)| *at).filter(|at| at.elapsed() < DISCOVERY_CACHE)
+    }
+
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            crate::backend::check_service(service)?;
+            let cached = self.discovered.locked().get(service).copied();
+            if let Some((_, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
+                return Ok(n);
+            }
+            let n = self.discover(service).await?;
+            let mut kept = self.discovered.locked();
+            if kept.len() >= DISCOVERY_KEPT {
+                kept.retain(|_, (at, _)| at.elapsed() < DISCOVERY_CACHE);
+            }
+            if kept.len() < DISCOVERY_KEPT {
+                kept.insert(service.to_string(), (Instant::now(), n));
+            }
+            Ok(n)
+        })
+    }
+}
