@@ -22,75 +22,15 @@ use crate::keys::{parse_need, APPLIED, ASSIGNMENTS, NEEDS};
 use crate::plan;
 use crate::provision::{self, Need};
 use crate::registry::{self, Answer};
-use crate::status::{self, applied_record, grouped, join, keyed_by_pair, pair_of, Applied, Check, Grouping, Pair, Place};
+use crate::checks::{applied_record, check, generation, Check, Checked, Currency, Generation, Place, Providers};
+use crate::modules::{grouped, join, keyed_by_pair, pair_of, Grouping, Pair};
 use crate::value::{raw, sources, to_json};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use crate::verb::{Code, Reply};
+use crate::reply::{Code, Reply};
 
 /// Most modules one page looks at (each costs its plan and a check).
 pub const MAX_MODULES: u32 = 1000;
-
-/// Whether a holder runs what is at its place now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Currency {
-    Current,
-    Stale,
-    NeverApplied,
-    Unknown,
-}
-
-impl Currency {
-    pub const ALL: [Currency; 4] = [Currency::Current, Currency::Stale, Currency::NeverApplied, Currency::Unknown];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Currency::Current => "current",
-            Currency::Stale => "stale",
-            Currency::NeverApplied => "never_applied",
-            Currency::Unknown => "unknown",
-        }
-    }
-}
-
-/// A holder's currency: what it applied (`applied`), what is at its place now (`now`), and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Generation {
-    pub currency: Currency,
-    pub applied: Option<u64>,
-    pub now: Option<u64>,
-    pub reason: String,
-}
-
-/// Compares what the holder applied (its applied record, if any) with what a check found at
-/// the need's place now. `value` is `<kind>:<name>`.
-pub(crate) fn generation(check: &Check, record: Option<&Applied>, value: &str) -> Generation {
-    let now = match check {
-        Check::Present { revision, .. } | Check::Stale { revision, .. } => Some(*revision),
-        Check::Collected { items, revision } if *items > 0 => Some(*revision),
-        _ => None,
-    };
-    let g = |currency, applied, reason: String| Generation { currency, applied, now, reason };
-    let Some(record) = record else {
-        return g(Currency::NeverApplied, None, format!("no applied record: {value} was never applied here"));
-    };
-    let applied = record.values.as_ref().and_then(|v| v.get(value)).copied();
-    let not_named = || match &record.values {
-        None => "the applied record has no `values`: which revision was applied cannot be said".to_string(),
-        Some(_) => format!("the applied record's `values` names no revision of {value}"),
-    };
-    match (check, now, applied) {
-        (Check::Answered { .. }, ..) => g(Currency::Unknown, None, "a verb answers it: there is no revision to compare".into()),
-        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
-            g(Currency::Unknown, applied, format!("its place cannot be read now ({})", check.name()))
-        }
-        (_, Some(_), None) | (_, None, None) => g(Currency::Unknown, None, not_named()),
-        (_, None, Some(a)) => g(Currency::Stale, Some(a), format!("revision {a} was applied; no value is at its place now")),
-        (_, Some(r), Some(a)) if a == r => g(Currency::Current, Some(a), format!("runs revision {r}, the one at its place")),
-        (_, Some(r), Some(a)) if a < r => g(Currency::Stale, Some(a), format!("runs revision {a}; revision {r} is at its place now")),
-        (_, Some(r), Some(a)) => g(Currency::Unknown, Some(a), format!("the applied record names revision {a}, newer than revision {r} at its place")),
-    }
-}
 
 /// One holder, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +51,7 @@ fn planned_needs(p: &plan::Plan) -> Vec<Need> {
 
 /// Checks `module` on `node` as a holder of `kind:name`; `None` when it does not hold it (not
 /// recorded, not planned, or of a part not installed there).
-fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recorded: bool, providers: &mut status::Providers) -> Result<Option<Holder>, HostError> {
+fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recorded: bool, providers: &mut Providers) -> Result<Option<Holder>, HostError> {
     let planned_part = planned_needs(&plan::compute(env, node, module, false)?).into_iter().find(|n| n.kind == kind && n.name == name).map(|n| n.part);
     let planned = planned_part.is_some();
     if !recorded && !planned {
@@ -126,7 +66,7 @@ fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recor
     };
     let record = env.get(APPLIED, &format!("{node}.{module}"))?.map(|e| applied_record(&e.value));
     let need = Need { kind: kind.into(), name: name.into(), part };
-    let status::Checked { place, check, .. } = status::check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()), providers);
+    let Checked { place, check, .. } = check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()), providers);
     if check == Check::NotInstalled {
         return Ok(None);
     }
@@ -163,7 +103,7 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
         pairs.truncate(limit as usize);
         more = true;
     }
-    let (mut holders, mut providers) = (Vec::new(), status::Providers::new());
+    let (mut holders, mut providers) = (Vec::new(), Providers::new());
     for (_, (n, m), rec) in &pairs {
         holders.extend(holder(env, n, m, kind, name, *rec, &mut providers)?);
     }

@@ -9,18 +9,21 @@
 //! the native build (tests, fuzzing) never compiles, may use it.
 #![deny(unsafe_code)]
 
+pub mod checks;
 pub mod env;
 pub mod escape;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod holders;
 pub mod keys;
+pub mod modules;
 pub mod plan;
 pub mod provision;
 pub mod record;
 pub mod reconcile;
 pub mod refresh;
 pub mod registry;
+pub mod reply;
 pub mod request;
 #[cfg(feature = "schema")]
 pub mod schema;

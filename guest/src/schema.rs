@@ -35,7 +35,7 @@ pub fn all() -> Vec<(&'static str, Value)> {
         ("provisioning.reply", derived::<crate::verb::AnyAnswer>("provisioning.reply", "An answer of mesh-provisioner.provisioning: a page of one bucket, of module states, or of a value's holders, as the request's `what` asks.")),
         ("plan.request", plan_request()),
         ("plan.reply", derived::<crate::plan::Answer>("plan.reply", "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.")),
-        ("error", derived::<crate::verb::ErrorBody>("error", "An error reply of either verb; the same code is in the Nats-Service-Error-Code header (400 bad_request, 503 unavailable, 500 internal).")),
+        ("error", derived::<crate::reply::ErrorBody>("error", "An error reply of either verb; the same code is in the Nats-Service-Error-Code header (400 bad_request, 503 unavailable, 500 internal).")),
         ("notice", derived::<crate::holders::NoticeBody>("notice", "A notice on mesh-provisioner.notice.<node>: a value a module of the node holds changed.")),
         ("event", derived::<crate::transitions::Event>("event", "An event on mesh-provisioner.event.<node>: a module's state changed (published once, after its record was written).")),
         ("state-record", derived::<crate::record::Record>("state-record", "A record of mesh-provisioner_states, under <node>.<module>: the state the seat's holder last saw and since when.")),
@@ -147,10 +147,10 @@ pub(crate) mod names {
         json_schema!({ "enum": names })
     }
     pub fn check(_: &mut SchemaGenerator) -> Schema {
-        one_of(&crate::status::Check::NAMES)
+        one_of(&crate::checks::Check::NAMES)
     }
     pub fn currency(_: &mut SchemaGenerator) -> Schema {
-        one_of(&crate::holders::Currency::ALL.map(crate::holders::Currency::name))
+        one_of(&crate::checks::Currency::ALL.map(crate::checks::Currency::name))
     }
     pub fn sources(_: &mut SchemaGenerator) -> Schema {
         json_schema!({ "type": "array", "items": { "enum": crate::value::SOURCES }, "uniqueItems": true })
@@ -162,7 +162,7 @@ pub(crate) mod names {
         json_schema!({ "type": "array", "items": { "enum": crate::plan::ROLES }, "minItems": 1, "uniqueItems": true })
     }
     pub fn code(_: &mut SchemaGenerator) -> Schema {
-        let guest = crate::verb::Code::ALL.iter().filter(|c| **c != crate::verb::Code::Ok).map(|c| c.name());
+        let guest = crate::reply::Code::ALL.iter().filter(|c| **c != crate::reply::Code::Ok).map(|c| c.name());
         one_of(&guest.chain(HOST_CODES).collect::<Vec<_>>())
     }
     pub fn bucket_what(_: &mut SchemaGenerator) -> Schema {

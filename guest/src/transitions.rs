@@ -30,7 +30,8 @@ use crate::keys::{self, composed_node, parse_builds, parse_composed, parse_need,
 use crate::record::{self, Record, STATES};
 use crate::reconcile::scan_all;
 use crate::registry::{self, Answer};
-use crate::status::{self, pair_of, Pair};
+use crate::modules::{self, pair_of, Pair};
+use crate::status;
 
 /// Most modules one call finds the state of; the rest is handed back.
 pub const MAX_PER_CALL: usize = 200;
@@ -96,7 +97,7 @@ pub(crate) struct Event<'a> {
 
 /// The change that moves exactly `module` on `node` (handed back as is by the host).
 fn module_change(p: &Pair) -> (String, Option<String>) {
-    (STATES.to_string(), Some(status::join(p)))
+    (STATES.to_string(), Some(modules::join(p)))
 }
 
 /// Whether `module` provides values some need waits for: a verb's service, or a provider with
@@ -201,7 +202,7 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
     consumers(env, &providers, &mut pairs)?;
     let (mut swept, mut quiet_sweep) = (BTreeSet::new(), true);
     if let Some((after, quiet)) = sweep {
-        let (page, next) = status::page(env, after.as_deref(), MAX_PER_CALL as u32)?;
+        let (page, next) = modules::page(env, after.as_deref(), MAX_PER_CALL as u32)?;
         if let Some(next) = next {
             let mode = if quiet { "q" } else { "l" };
             report.rest.push((STATES.to_string(), Some(format!(">{mode}:{next}"))));
@@ -234,8 +235,8 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool) -> Result<Option<
     let recorded = record::read(env, node, module)?;
     let expected = recorded.as_ref().map_or(0, |(_, r)| *r);
     let was = recorded.as_ref().map(|(r, _)| r.state.as_str()).filter(|s| !s.is_empty());
-    let key = status::join(p);
-    if !status::known(env, node, module)? {
+    let key = modules::join(p);
+    if !modules::known(env, node, module)? {
         // Gone from every source: its record goes, and a watcher is told once.
         let Some(was) = was else { return Ok(None) };
         let reason = format!("{module} on {node} is no longer assigned, applied, needed or composed");

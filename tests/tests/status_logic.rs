@@ -6,7 +6,8 @@
 use std::collections::BTreeSet;
 
 use guest::env::{Entry, Env, HostError, Level, Page};
-use guest::status::{self, Check, State};
+use guest::checks::Check;
+use guest::status::{self, State};
 use guest::verb::{handle, Code, PROVISIONING};
 use mesh_provisioner::backend::MemoryBackend;
 use serde_json::{json, Value};

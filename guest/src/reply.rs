@@ -1,0 +1,108 @@
+//! A reply of either verb: its code, its body, and an error reply that fits the smallest
+//! budget whatever its message quotes. Below `verb`, `status` and `holders`, which all answer
+//! with it; it reads nothing.
+
+use serde::Serialize;
+
+use crate::env::HostError;
+use crate::value::{escaped_char_len, to_json};
+
+/// A reply's code (the WIT `reply-code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    BadRequest,
+    Unavailable,
+    Internal,
+}
+
+impl Code {
+    pub const ALL: [Code; 4] = [Code::Ok, Code::BadRequest, Code::Unavailable, Code::Internal];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "ok",
+            Code::BadRequest => "bad_request",
+            Code::Unavailable => "unavailable",
+            Code::Internal => "internal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub code: Code,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// An error reply. However long `message` is (it may quote a requester's or a writer's
+    /// bytes), the reply fits the smallest budget: a message whose escaped form is longer than
+    /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
+    pub fn error(code: Code, message: &str) -> Reply {
+        let body = to_json(&ErrorBody { error: ErrorLine { code: code.name(), message: &within_message(message) } });
+        Reply { code, body: body.into_bytes() }
+    }
+
+    pub(crate) fn from_host(e: HostError) -> Reply {
+        match e {
+            HostError::Unavailable(_) | HostError::Timeout(_) | HostError::NoResponders(_) => {
+                Reply::error(Code::Unavailable, &e.to_string())
+            }
+            other => Reply::error(Code::Internal, &format!("the store failed: {other}")),
+        }
+    }
+}
+
+/// The body of an error reply.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct ErrorBody<'a> {
+    pub error: ErrorLine<'a>,
+}
+
+/// What went wrong: a code (as the header says it) and a message for a person.
+#[derive(Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub(crate) struct ErrorLine<'a> {
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::code"))]
+    pub code: &'a str,
+    /// Said for a person; the guest's are cut at 1 KiB.
+    pub message: &'a str,
+}
+
+/// Smallest reply budget honoured: below this not even one out-of-shape line would fit.
+pub const MIN_REPLY: u32 = 4096;
+
+/// The most bytes an error message takes in a reply, escaped (well under [`MIN_REPLY`]).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `message`, cut so that its JSON-escaped form takes at most [`MAX_MESSAGE`] bytes.
+fn within_message(message: &str) -> std::borrow::Cow<'_, str> {
+    let (mut used, mut end) = (0, 0);
+    for (i, c) in message.char_indices() {
+        used += escaped_char_len(c);
+        if used > MAX_MESSAGE - 3 {
+            return format!("{}…", &message[..end]).into();
+        }
+        end = i + c.len_utf8();
+    }
+    message.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_fits_the_smallest_reply_whatever_its_message_quotes() {
+        for message in ["\"".repeat(5000), "\u{1}".repeat(5000), "é".repeat(5000), "x".repeat(MAX_MESSAGE - 3)] {
+            let r = Reply::error(Code::BadRequest, &message);
+            assert!(r.body.len() <= MIN_REPLY as usize, "{} bytes", r.body.len());
+            let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+            let said = v["error"]["message"].as_str().expect("a message");
+            assert!(message.starts_with(said.trim_end_matches('…')), "{said}");
+            assert_eq!(said.ends_with('…'), said.len() < message.len());
+        }
+    }
+}
