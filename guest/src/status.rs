@@ -159,8 +159,7 @@ fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Re
     }
     for bucket in [APPLIED, ASSIGNMENTS] {
         for e in scan_all(env, bucket, &format!("{pair}.>"))? {
-            let parsed = if bucket == APPLIED { parse_applied(&e.key) } else { parse_assignment(&e.key) };
-            let reason = parsed.err().unwrap_or_default();
+            let reason = why_not_a_module(bucket, &e.key);
             out_of_shape.push(OutOfShape { bucket, key: e.key, revision: e.revision, reason });
         }
     }
@@ -315,6 +314,17 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healt
     out
 }
 
+/// A key of the applied or assignments bucket (both `<node>.<module>`), read by its bucket's
+/// parser.
+fn parse_module_key(bucket: &str, key: &str) -> Result<crate::keys::AppliedKey, String> {
+    if bucket == APPLIED { parse_applied(key) } else { parse_assignment(key) }
+}
+
+/// Why `key`, read deeper than a module's own key or otherwise odd, is out of shape.
+fn why_not_a_module(bucket: &str, key: &str) -> String {
+    parse_module_key(bucket, key).err().unwrap_or_default()
+}
+
 /// The keys of the assignments and applied buckets in a status request's scope that name no
 /// module this page lists: a key of one token, two that are not identifiers, or more than two
 /// under a pair that is no module (`alpha.ghost.extra` with no `ghost` on alpha). Each is said
@@ -348,8 +358,7 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
                 if !within(&e.key) {
                     break 'pairs;
                 }
-                if parse_assignment(&e.key).is_err() && beyond(&e.key) {
-                    let reason = parse_assignment(&e.key).err().unwrap_or_default();
+                if let (Err(reason), true) = (parse_module_key(bucket, &e.key), beyond(&e.key)) {
                     out.push((e.key.clone(), OutOfShape { bucket, key: e.key.clone(), revision: e.revision, reason }));
                 }
             }
@@ -362,7 +371,7 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
             for e in crate::reconcile::scan_after(env, bucket, filter, after)? {
                 let p = position(&e.key);
                 if beyond(&p) && within(&p) {
-                    let reason = if bucket == APPLIED { parse_applied(&e.key) } else { parse_assignment(&e.key) }.err().unwrap_or_default();
+                    let reason = why_not_a_module(bucket, &e.key);
                     out.push((p, OutOfShape { bucket, key: e.key, revision: e.revision, reason }));
                 }
             }
@@ -581,11 +590,12 @@ mod out_of_shape {
         env.put(APPLIED, "alpha.ghost.extra", b"{}");
         env.put(APPLIED, "alpha.app.extra", b"{}");
         env.put(ASSIGNMENTS, "alpha.-odd", b"{}");
+        env.put(APPLIED, "alpha.-odd", b"{}");
         env.put(ASSIGNMENTS, "alpha", b"{}");
         env.put(APPLIED, "beta.ghost.extra", b"{}");
         let mut got = said(&env, Some("alpha"), 1000, 1 << 20);
         got.sort();
-        let want: Vec<(String, String)> = [(APPLIED, "alpha.app"), (APPLIED, "alpha.app.extra"), (APPLIED, "alpha.ghost.extra"), (ASSIGNMENTS, "alpha"), (ASSIGNMENTS, "alpha.-odd")]
+        let want: Vec<(String, String)> = [(APPLIED, "alpha.-odd"), (APPLIED, "alpha.app"), (APPLIED, "alpha.app.extra"), (APPLIED, "alpha.ghost.extra"), (ASSIGNMENTS, "alpha"), (ASSIGNMENTS, "alpha.-odd")]
             .iter()
             .map(|(b, k)| (b.to_string(), k.to_string()))
             .collect::<std::collections::BTreeSet<_>>()
