@@ -27,7 +27,7 @@ use crate::modules::{grouped, join, keyed_by_pair, pair_of, Grouping, Pair};
 use crate::value::{raw, sources, to_json};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use crate::reply::{Code, Reply};
+use crate::reply::{Code, PageBudget, Reply};
 
 /// Most modules one page looks at (each costs its plan and a check).
 pub const MAX_MODULES: u32 = 1000;
@@ -116,19 +116,21 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
 pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
     let page = find(env, kind, name, node, after, limit)?;
     let mut list: Vec<Box<RawValue>> = Vec::new();
-    let (mut used, mut last, mut cut, mut all_current) = (0usize, None::<String>, false, true);
-    let head = 160 + kind.len() + name.len() * 6;
+    let (mut last, mut cut, mut all_current) = (None::<String>, false, true);
+    // `count` and `all_current` are learned holder by holder: measured at their widest.
+    let widest = Page { what: "holders", kind, name, holders: Vec::new(), count: page.holders.len(), all_current: false, next: None };
+    let uncut = if page.more { page.last.as_deref() } else { None };
+    let mut room = PageBudget::new(budget, &to_json(&widest), uncut);
     for h in &page.holders {
         let item = raw(&Line::of(h));
         let key = format!("{}.{}", h.node, h.module);
-        if head + used + item.get().len() + key.len() + 16 > budget {
+        if !room.take(&[(0, &item)], &key) {
             if last.is_none() {
                 return Ok(Reply::error(Code::Internal, &format!("the holder {} cannot fit a reply of {budget} bytes", shorten(&key))));
             }
             cut = true;
             break;
         }
-        used += item.get().len() + 1;
         list.push(item);
         all_current &= h.generation.currency == Currency::Current;
         last = Some(key);
@@ -136,8 +138,7 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
     // Past a cut, the page ends at the last holder listed; otherwise at the last module looked at.
     let next = if cut { last } else if page.more { page.last.clone() } else { None };
     let count = list.len();
-    let body = to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next });
-    Ok(Reply { code: Code::Ok, body: body.into_bytes() })
+    Ok(room.finish(to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next })))
 }
 
 /// A page of `holders`.

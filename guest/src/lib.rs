@@ -12,6 +12,8 @@
 pub mod checks;
 pub mod env;
 pub mod escape;
+#[cfg(all(test, feature = "fuzzing"))]
+mod every_page_fits;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod holders;

@@ -1,11 +1,13 @@
-//! A reply of either verb: its code, its body, and an error reply that fits the smallest
-//! budget whatever its message quotes. Below `verb`, `status` and `holders`, which all answer
-//! with it; it reads nothing.
+//! A reply of either verb: its code, its body, an error reply that fits the smallest budget
+//! whatever its message quotes, and [`PageBudget`], the one measure by which every paged answer
+//! (a bucket's, `status`, `holders`) decides what fits. Below `verb`, `status` and `holders`,
+//! which all answer with it; it reads nothing.
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::env::HostError;
-use crate::value::{escaped_char_len, to_json};
+use crate::value::{escaped_char_len, escaped_len, to_json};
 
 /// A reply's code (the WIT `reply-code`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,77 @@ pub const MIN_REPLY: u32 = 4096;
 
 /// The most bytes an error message takes in a reply, escaped (well under [`MIN_REPLY`]).
 pub const MAX_MESSAGE: usize = 1024;
+
+/// A page of an answer measured as it is built, so that the reply never passes its budget.
+///
+/// A page is a JSON object: a frame of fixed fields, up to [`LISTS`] lists of lines rendered
+/// one by one, and, last, an optional `"next":"<key>"`. The measure is exact for everything a
+/// requester or a writer controls (each line as rendered, each comma, the escaped `next`); only
+/// numbers the page learns as it goes (a revision, a count) are counted at their widest, in the
+/// frame the caller renders.
+pub(crate) struct PageBudget {
+    budget: usize,
+    used: usize,
+    /// Whether each list holds a line already (the next one then costs a comma).
+    filled: [bool; LISTS],
+    /// The bytes of the `next` the page says should it end without a cut.
+    uncut: usize,
+}
+
+/// How many lists a page may have (`entries` and `out_of_shape`).
+pub(crate) const LISTS: usize = 2;
+
+/// The bytes `,"next":"<key>"` adds to a page.
+fn next_len(key: Option<&str>) -> usize {
+    key.map_or(0, |k| ",\"next\":".len() + escaped_len(k))
+}
+
+impl PageBudget {
+    /// A page within `budget` whose `frame` is its JSON with every list empty, no `next`, and
+    /// each number it learns later at its widest; `uncut` is the `next` it says should it end
+    /// with no line cut (the position the listing read up to), if any.
+    pub fn new(budget: usize, frame: &str, uncut: Option<&str>) -> PageBudget {
+        PageBudget { budget, used: frame.len(), filled: [false; LISTS], uncut: next_len(uncut) }
+    }
+
+    /// What `lines` (each with the list it goes to) would add, and whether the page still fits
+    /// with them, should it end after them with `next` = `cut` or the uncut `next`.
+    fn cost(&self, lines: &[(usize, &RawValue)]) -> usize {
+        let mut filled = self.filled;
+        lines
+            .iter()
+            .map(|(list, line)| {
+                let comma = usize::from(std::mem::replace(&mut filled[*list], true));
+                line.get().len() + comma
+            })
+            .sum()
+    }
+
+    /// Takes `lines` into the page if they fit together with the `next` it would say were it
+    /// cut after them (`cut`); says whether it took them. Nothing is taken in part.
+    pub fn take(&mut self, lines: &[(usize, &RawValue)], cut: &str) -> bool {
+        let add = self.cost(lines);
+        if self.used + add + next_len(Some(cut)).max(self.uncut) > self.budget {
+            return false;
+        }
+        self.used += add;
+        for (list, _) in lines {
+            self.filled[*list] = true;
+        }
+        true
+    }
+
+    /// The page, rendered: ok when it is within the budget, as the measure promised; otherwise
+    /// (a bug in the measure, never a requester's doing) an internal error that says so, not a
+    /// reply the bus would refuse.
+    pub fn finish(&self, body: String) -> Reply {
+        if body.len() > self.budget {
+            let why = format!("a page of {} bytes was built for a reply of {} (measured {})", body.len(), self.budget, self.used);
+            return Reply::error(Code::Internal, &why);
+        }
+        Reply { code: Code::Ok, body: body.into_bytes() }
+    }
+}
 
 /// `message`, cut so that its JSON-escaped form takes at most [`MAX_MESSAGE`] bytes.
 fn within_message(message: &str) -> std::borrow::Cow<'_, str> {

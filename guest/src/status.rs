@@ -23,7 +23,7 @@ use crate::reconcile::scan_all;
 use crate::value::{raw, sources, to_json};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use crate::reply::{Code, Reply};
+use crate::reply::{Code, PageBudget, Reply};
 use crate::checks::{applied_record, check, generation, Applied, Check, Checked, Currency, Place, Provider, Providers};
 use crate::modules::{join, modules};
 
@@ -386,9 +386,11 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
 pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
     let limit = limit.min(MAX_MODULES);
     let page = modules(env, node, module, after, limit)?;
-    let head_len = 64;
     let (mut entries, mut shapes): (Vec<Box<RawValue>>, Vec<Box<RawValue>>) = (Vec::new(), Vec::new());
-    let (mut used, mut revision, mut last, mut cut) = (0usize, 0u64, None::<String>, false);
+    // The page's revision is learned module by module: measured at its widest.
+    let frame = to_json(&Page { what: "status", revision: u64::MAX, entries: Vec::new(), out_of_shape: Vec::new(), next: None });
+    let mut room = PageBudget::new(budget, &frame, page.upto.as_deref());
+    let (mut revision, mut last, mut cut) = (0u64, None::<String>, false);
     let mut asked = Asked::default();
     // Keys in scope that name no listed module, each said once: with the first module that
     // sorts after it, or at the end of the last page.
@@ -404,17 +406,16 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
             before.push(raw(&o));
         }
         let shape: Vec<Box<RawValue>> = before.into_iter().chain(s.out_of_shape.iter().map(raw)).collect();
-        let size = entry.get().len() + shape.iter().map(|o| o.get().len() + 1).sum::<usize>();
-        let next_len = key.len() + 12;
-        if head_len + used + size + next_len + 2 > budget {
+        let lines: Vec<(usize, &RawValue)> = std::iter::once((ENTRIES, &*entry)).chain(shape.iter().map(|o| (OUT_OF_SHAPE, &**o))).collect();
+        if !room.take(&lines, &key) {
             if last.is_none() {
+                let size: usize = lines.iter().map(|(_, l)| l.get().len()).sum();
                 let why = format!("the status of {} ({size} bytes) cannot fit a reply of {budget} bytes", shorten(&key));
                 return Ok(Reply::error(Code::Internal, &why));
             }
             cut = true;
             break;
         }
-        used += size + 1;
         entries.push(entry);
         shapes.extend(shape);
         revision = revision.max(s.revision);
@@ -426,23 +427,26 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
         let p = rest[0].0.clone();
         let n = rest.iter().take_while(|(q, _)| *q == p).count();
         let group: Vec<Box<RawValue>> = rest.drain(..n).map(|(_, o)| raw(&o)).collect();
-        let size = group.iter().map(|o| o.get().len() + 1).sum::<usize>();
-        if head_len + used + size + p.len() + 14 > budget {
+        let lines: Vec<(usize, &RawValue)> = group.iter().map(|o| (OUT_OF_SHAPE, &**o)).collect();
+        if !room.take(&lines, &p) {
             if entries.is_empty() && shapes.is_empty() {
+                let size: usize = group.iter().map(|o| o.get().len()).sum();
                 let why = format!("the keys out of shape at {} ({size} bytes) cannot fit a reply of {budget} bytes", shorten(&p));
                 return Ok(Reply::error(Code::Internal, &why));
             }
             cut = true;
             break;
         }
-        used += size;
         shapes.extend(group);
         last = Some(p);
     }
     let next = if cut { last } else { page.upto.clone() };
-    let body = to_json(&Page { what: "status", revision, entries, out_of_shape: shapes, next });
-    Ok(Reply { code: Code::Ok, body: body.into_bytes() })
+    Ok(room.finish(to_json(&Page { what: "status", revision, entries, out_of_shape: shapes, next })))
 }
+
+/// The lists of a status page, as [`PageBudget`] counts them.
+const ENTRIES: usize = 0;
+const OUT_OF_SHAPE: usize = 1;
 
 /// A page of `status`.
 #[derive(Serialize)]

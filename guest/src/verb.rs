@@ -9,7 +9,8 @@ use crate::env::{Entry, Env, HostError};
 use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need, parse_registry};
 use crate::request::{self, Query, What};
-use crate::value::{escaped_len, raw, to_json, Shown};
+use crate::reply::PageBudget;
+use crate::value::{raw, to_json, Shown};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -234,18 +235,22 @@ pub(crate) struct Answer<'a> {
 }
 
 fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize) -> Reply {
+    const ENTRIES: usize = 0;
+    const OUT_OF_SHAPE: usize = 1;
     let mut page = Answer { what: what.name(), revision, entries: Vec::new(), out_of_shape: Vec::new(), next: None };
-    // `{"what":"…","revision":N,"entries":[],"out_of_shape":[]}`, then each line and its comma.
-    let mut used = to_json(&page).len();
+    // Uncut, the page says `next` only when the scan has more: the last key found.
+    let uncut = found.last().filter(|_| more).map(|e| e.key.as_str());
+    let mut room = PageBudget::new(budget, &to_json(&page), uncut);
     let mut cut_at: Option<usize> = None;
     for (i, e) in found.iter().enumerate() {
         let (mut it, mut shaped) = line(what, e, true);
-        // Room for `,"next":<this key>` should the page end here.
-        let fits = |it: &RawValue| used + it.get().len() + 1 + escaped_len(&e.key) + 8 <= budget;
-        if !fits(&it) && i == 0 {
+        let list = |shaped: bool| if shaped { OUT_OF_SHAPE } else { ENTRIES };
+        let mut fits = room.take(&[(list(shaped), &it)], &e.key);
+        if !fits && i == 0 {
             (it, shaped) = line(what, e, false);
+            fits = room.take(&[(list(shaped), &it)], &e.key);
         }
-        if !fits(&it) {
+        if !fits {
             if i == 0 {
                 // Not even its key fits: an empty page without `next` would end the listing
                 // here, silently. Say which key, so the operator can remove it or raise the
@@ -260,12 +265,11 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
             cut_at = Some(i);
             break;
         }
-        used += it.get().len() + 1;
         if shaped { page.out_of_shape.push(it) } else { page.entries.push(it) }
     }
     let included = cut_at.unwrap_or(found.len());
     if (more || cut_at.is_some()) && included > 0 {
         page.next = Some(&found[included - 1].key);
     }
-    Reply { code: Code::Ok, body: to_json(&page).into_bytes() }
+    room.finish(to_json(&page))
 }
