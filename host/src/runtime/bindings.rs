@@ -1,6 +1,8 @@
 //! Host-side bindings of the WIT world `provisioner`, and the imports implemented over a
-//! [`Backend`](crate::backend::Backend). Every host failure reaches the guest through
-//! [`host_error`], the one place a host [`Error`] becomes the WIT `host-error`.
+//! [`Backend`](crate::backend::Backend). The generated types are the host's own (the runtime
+//! re-exports the reports; nothing copies them). Imports return the host's [`Error`]
+//! (`trappable_error_type`); `types::Host::convert_host_error` is the one place it becomes the
+//! WIT `host-error` the guest sees.
 
 use wasmtime::component::HasData;
 
@@ -12,26 +14,31 @@ wasmtime::component::bindgen!({
     path: "../wit",
     imports: { default: async | trappable },
     exports: { default: async },
+    trappable_error_type: { "mesh:provisioner/types.host-error" => Error },
+    additional_derives: [PartialEq, Eq, Hash, PartialOrd, Ord],
 });
 
 pub use exports::mesh::provisioner::api;
 use mesh::provisioner::{discovery, kept_plans, log, registry_writer, store, types};
 
-/// The one mapping from a host failure to what the guest sees.
-pub fn host_error(e: Error) -> types::HostError {
-    let m = e.message().to_string();
-    match e.kind() {
-        ErrorKind::Unavailable | ErrorKind::Guest | ErrorKind::Config => types::HostError::Unavailable(m),
-        ErrorKind::Conflict => types::HostError::Conflict(m),
-        ErrorKind::Denied => types::HostError::Denied(m),
-        ErrorKind::Invalid => types::HostError::Invalid(m),
-        ErrorKind::Timeout => types::HostError::Timeout(m),
-        ErrorKind::NoResponders => types::HostError::NoResponders(m),
-        ErrorKind::Corrupt => types::HostError::Corrupt(m),
+impl types::Host for Ctx {
+    /// The one mapping from a host failure to what the guest sees. Never a trap: every host
+    /// failure is the guest's to answer (a `503`, an internal error), not a reason to stop it.
+    fn convert_host_error(&mut self, e: Error) -> wasmtime::Result<types::HostError> {
+        let m = e.message().to_string();
+        Ok(match e.kind() {
+            ErrorKind::Unavailable | ErrorKind::Guest | ErrorKind::Config => types::HostError::Unavailable(m),
+            ErrorKind::Conflict => types::HostError::Conflict(m),
+            ErrorKind::Denied => types::HostError::Denied(m),
+            ErrorKind::Invalid => types::HostError::Invalid(m),
+            ErrorKind::Timeout => types::HostError::Timeout(m),
+            ErrorKind::NoResponders => types::HostError::NoResponders(m),
+            ErrorKind::Corrupt => types::HostError::Corrupt(m),
+        })
     }
 }
 
-type R<T> = wasmtime::Result<Result<T, types::HostError>>;
+type R<T> = Result<T, Error>;
 
 /// What an import leaves of a call's time, so the guest can still answer with the import's
 /// error (a `503`) rather than be interrupted at the deadline itself.
@@ -44,17 +51,17 @@ async fn bounded<T>(
     deadline: std::time::Instant,
     what: impl FnOnce() -> String,
     work: impl std::future::Future<Output = crate::error::Result<T>>,
-) -> Result<T, types::HostError> {
+) -> R<T> {
     let until = deadline.checked_sub(IMPORT_MARGIN).unwrap_or(deadline);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(until), work).await {
-        Ok(done) => done.map_err(host_error),
-        Err(_) => Err(host_error(Error::new(ErrorKind::Timeout, format!("the call's deadline passed during {}", what())))),
+        Ok(done) => done,
+        Err(_) => Err(Error::new(ErrorKind::Timeout, format!("the call's deadline passed during {}", what()))),
     }
 }
 
 /// The mirror of `bucket`, in sync, within the call's deadline; recorded with its version
 /// (read before the caller reads it) for the reply cache.
-async fn mirror(ctx: &mut Ctx, bucket: &str) -> Result<std::sync::Arc<crate::mirror::Mirror>, types::HostError> {
+async fn mirror(ctx: &mut Ctx, bucket: &str) -> R<std::sync::Arc<crate::mirror::Mirror>> {
     // The listing in use before the read: a read that made a new one is not kept.
     let listing = ctx.reads.as_ref().and_then(|_| ctx.backend.listing_stamp());
     let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
@@ -81,29 +88,27 @@ fn entry(e: crate::mirror::Entry) -> types::Entry {
     types::Entry { key: e.key, revision: e.revision, value: e.value }
 }
 
-impl types::Host for Ctx {}
-
 impl store::Host for Ctx {
     async fn get(&mut self, bucket: String, key: String) -> R<Option<types::Entry>> {
-        let got = mirror(self, &bucket).await.and_then(|m| m.get(&key).map_err(host_error));
-        Ok(got.map(|e| e.map(entry)))
+        Ok(mirror(self, &bucket).await?.get(&key)?.map(entry))
     }
 
     async fn scan(&mut self, bucket: String, filter: String, after: Option<String>, limit: u32) -> R<store::Page> {
-        let page = mirror(self, &bucket).await.and_then(|m| m.scan(&filter, after.as_deref(), limit).map_err(host_error));
-        Ok(page.map(|p| store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision }))
+        let p = mirror(self, &bucket).await?.scan(&filter, after.as_deref(), limit)?;
+        Ok(store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
     }
 
     async fn exists(&mut self, bucket: String) -> R<bool> {
-        Ok(mirror(self, &bucket).await.map(|m| m.exists()))
+        Ok(mirror(self, &bucket).await?.exists())
     }
 
     async fn health(&mut self, bucket: String) -> R<store::BucketHealth> {
         let quota = self.backend.quota();
-        Ok(mirror(self, &bucket).await.map(|m| store::BucketHealth {
+        let m = mirror(self, &bucket).await?;
+        Ok(store::BucketHealth {
             unsafe_settings: m.health().unsafe_settings,
             over_quota: m.writers_over(quota).into_iter().map(|w| store::WriterShare { writer: w.writer, keys: w.keys, bytes: w.bytes }).collect(),
-        }))
+        })
     }
 }
 
@@ -115,19 +120,19 @@ impl discovery::Host for Ctx {
             (Ok(_), Some(at), Some(reads)) => reads.push(super::Read::Discovery { service, at }),
             _ => self.reads = None,
         }
-        Ok(n)
+        n
     }
 }
 
 impl registry_writer::Host for Ctx {
     async fn put(&mut self, key: String, value: Vec<u8>, expected: u64) -> R<u64> {
         self.reads = None;
-        Ok(bounded(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await)
+        bounded(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await
     }
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
         self.reads = None;
-        Ok(bounded(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await)
+        bounded(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await
     }
 }
 
@@ -135,12 +140,12 @@ impl kept_plans::Host for Ctx {
     async fn load(&mut self, node: String, module: String) -> R<Option<Vec<u8>>> {
         // A file on disk, which nothing versions: a reply that read one is not kept.
         self.reads = None;
-        Ok(self.backend.kept().load_off_thread(&node, &module).await.map_err(host_error))
+        self.backend.kept().load_off_thread(&node, &module).await
     }
 
     async fn save(&mut self, node: String, module: String, plan: Vec<u8>) -> R<()> {
         self.reads = None;
-        Ok(self.backend.kept().save_off_thread(&node, &module, &plan).await.map_err(host_error))
+        self.backend.kept().save_off_thread(&node, &module, &plan).await
     }
 
     async fn last_failure(&mut self, node: String, module: String) -> wasmtime::Result<Option<String>> {

@@ -24,7 +24,11 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use bindings::{api, Imports, Provisioner, ProvisionerPre};
+use bindings::{Imports, Provisioner, ProvisionerPre};
+/// The WIT types a caller of the runtime sees, as bindgen generates them (no host copies):
+/// `BuildInfo`, the reports of `reconcile`, `refresh`, `notices` and `transitions`, and what
+/// they carry.
+pub use bindings::api::{BuildInfo, Change, Notice, NoticeReport, ReconcileReport, RefreshReport, ReplyCode, Transition, TransitionReport, ValueEvent};
 pub use cache::Read;
 
 
@@ -305,109 +309,18 @@ fn guest_err(what: &'static str) -> impl Fn(wasmtime::Error) -> Error {
     move |e| Error::new(ErrorKind::Guest, format!("{what}: {e:#}"))
 }
 
-/// Who a component says it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildInfo {
-    pub name: String,
-    pub version: String,
-    pub wit_version: String,
-}
-
-/// How a verb's reply is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyCode {
-    Ok,
-    BadRequest,
-    Unavailable,
-    Internal,
-}
-
+/// How a verb's reply is sent: its code as the guest said it, and its body, shared (not copied)
+/// when the reply cache serves it again — the one boundary type the host keeps its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub code: ReplyCode,
-    /// Shared, not copied, when the reply cache serves it again.
     pub body: bytes::Bytes,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReconcileReport {
-    pub puts: Vec<String>,
-    pub deletes: Vec<String>,
-    pub unchanged: Vec<String>,
-    pub conflicts: Vec<String>,
 }
 
 impl ReconcileReport {
     pub fn writes(&self) -> usize {
         self.puts.len() + self.deletes.len()
     }
-}
-
-/// What one refresh of the plans did (the WIT `refresh-report`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RefreshReport {
-    pub computed: u32,
-    pub kept: Vec<String>,
-    pub held: Vec<String>,
-    pub waiting: Vec<String>,
-    /// Changes the guest left for a later call.
-    pub rest: Vec<Change>,
-    /// Changes whose plans could not be kept: asked again after a backoff.
-    pub retry: Vec<Change>,
-}
-
-/// A bucket change reported to the guest; `key` none: the whole bucket.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Change {
-    pub bucket: String,
-    pub key: Option<String>,
-}
-
-/// A live put or delete in a bucket notices come from (the WIT `value-event`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValueEvent {
-    pub bucket: String,
-    pub key: String,
-    pub revision: u64,
-    pub deleted: bool,
-}
-
-/// A notice to publish on `mesh-provisioner.notice.<node>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    pub node: String,
-    pub body: Vec<u8>,
-}
-
-/// What one call of `notices` decided (the WIT `notice-report`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NoticeReport {
-    pub notices: Vec<Notice>,
-    /// Events the guest left for another call.
-    pub rest: Vec<ValueEvent>,
-}
-
-/// One module whose state changed: the record to write (compare-and-set) and the event to
-/// publish once it is written (the WIT `transition`). The host reads neither.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
-    pub key: String,
-    /// Empty: delete the record.
-    pub value: Vec<u8>,
-    pub expected: u64,
-    pub node: String,
-    /// The state entered, for counting.
-    pub state: String,
-    pub event: Option<Vec<u8>>,
-}
-
-/// What one call of `transitions` decided (the WIT `transition-report`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TransitionReport {
-    pub computed: u32,
-    pub transitions: Vec<Transition>,
-    /// Changes the guest left for another call.
-    pub rest: Vec<Change>,
 }
 
 /// A compiled, linked component, ready to instantiate.
@@ -538,8 +451,7 @@ impl Guest {
     }
 
     pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
-        let i = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_info(&mut i.store).await; (i, r) })).await?;
-        Ok(BuildInfo { name: i.name, version: i.version, wit_version: i.wit_version })
+        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_info(&mut i.store).await; (i, r) })).await
     }
 
     pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
@@ -551,9 +463,7 @@ impl Guest {
     /// reported it.
     pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
         let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_reconcile(&mut i.store).await; (i, r) })).await?;
-        Ok(r
-            .map(|r| ReconcileReport { puts: r.puts, deletes: r.deletes, unchanged: r.unchanged, conflicts: r.conflicts })
-            .map_err(|e| format!("{e:?}")))
+        Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets whose changes can move a plan (a trailing `*`: a prefix).
@@ -564,20 +474,10 @@ impl Guest {
     /// Recomputes the plans `changes` can move; the inner error is a store failure as the guest
     /// reported it.
     pub async fn refresh(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change]) -> Result<Result<RefreshReport, String>> {
-        let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
         let r = self
-            .call(backend, limits, Some("refresh"), |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_refresh(&mut i.store, &changes).await; (i, r) }))
+            .call(backend, limits, Some("refresh"), |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_refresh(&mut i.store, changes).await; (i, r) }))
             .await?;
-        Ok(r
-            .map(|r| RefreshReport {
-                computed: r.computed,
-                kept: r.kept,
-                held: r.held,
-                waiting: r.waiting,
-                rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
-                retry: r.retry.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
-            })
-            .map_err(|e| format!("{e:?}")))
+        Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets notices come from (names, or one `*` in a name).
@@ -587,15 +487,8 @@ impl Guest {
 
     /// The notices `events` send; the inner error is a store failure as the guest reported it.
     pub async fn notices(&self, backend: Arc<dyn Backend>, limits: Limits, events: &[ValueEvent]) -> Result<Result<NoticeReport, String>> {
-        let events: Vec<api::ValueEvent> =
-            events.iter().map(|e| api::ValueEvent { bucket: e.bucket.clone(), key: e.key.clone(), revision: e.revision, deleted: e.deleted }).collect();
-        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notices(&mut i.store, &events).await; (i, r) })).await?;
-        Ok(r
-            .map(|r| NoticeReport {
-                notices: r.notices.into_iter().map(|n| Notice { node: n.node, body: n.body }).collect(),
-                rest: r.rest.into_iter().map(|e| ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
-            })
-            .map_err(|e| format!("{e:?}")))
+        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notices(&mut i.store, events).await; (i, r) })).await?;
+        Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets a module's state depends on (names, or one `*` in a name).
@@ -606,23 +499,12 @@ impl Guest {
     /// The state records and events `changes` move; the inner error is a store failure as the
     /// guest reported it.
     pub async fn transitions(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change], now: &str) -> Result<Result<TransitionReport, String>> {
-        let changes: Vec<api::Change> = changes.iter().map(|c| api::Change { bucket: c.bucket.clone(), key: c.key.clone() }).collect();
         let r = self
             .call(backend, limits, Some("transitions"), |mut i| {
-                Box::pin(async move { let r = i.api.mesh_provisioner_api().call_transitions(&mut i.store, &changes, now).await; (i, r) })
+                Box::pin(async move { let r = i.api.mesh_provisioner_api().call_transitions(&mut i.store, changes, now).await; (i, r) })
             })
             .await?;
-        Ok(r
-            .map(|r| TransitionReport {
-                computed: r.computed,
-                transitions: r
-                    .transitions
-                    .into_iter()
-                    .map(|t| Transition { key: t.key, value: t.value, expected: t.expected, node: t.node, state: t.state, event: t.event })
-                    .collect(),
-                rest: r.rest.into_iter().map(|c| Change { bucket: c.bucket, key: c.key }).collect(),
-            })
-            .map_err(|e| format!("{e:?}")))
+        Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     pub async fn handle(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<Reply> {
@@ -666,13 +548,7 @@ impl Guest {
                 })
             })
             .await?;
-        let code = match r.code {
-            api::ReplyCode::Ok => ReplyCode::Ok,
-            api::ReplyCode::BadRequest => ReplyCode::BadRequest,
-            api::ReplyCode::Unavailable => ReplyCode::Unavailable,
-            api::ReplyCode::Internal => ReplyCode::Internal,
-        };
-        Ok((Reply { code, body: r.body.into() }, reads))
+        Ok((Reply { code: r.code, body: r.body.into() }, reads))
     }
 }
 
