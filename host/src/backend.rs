@@ -28,8 +28,9 @@ pub trait Backend: Send + Sync + 'static {
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>>;
     /// Where the guest's plans are kept.
     fn kept(&self) -> &KeptPlans;
-    /// How many instances of the micro service `service` answer `$SRV.PING.<service>`.
-    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>>;
+    /// How many instances of the micro service `service` answer `$SRV.PING.<service>`, and for
+    /// how long a fresh question would count the same (when the backend keeps its counts).
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>>;
     /// How many buckets are followed now (shown in `$SRV.INFO`).
     fn mirrored(&self) -> usize {
         0
@@ -38,10 +39,6 @@ pub trait Backend: Send + Sync + 'static {
     fn mirrors(&self) -> Vec<(String, Arc<Mirror>)> {
         Vec::new()
     }
-    /// The mirror of `bucket` served now, if any, without starting or waiting for one (the
-    /// reply cache checks that what a reply read is still what is served).
-    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>>;
-
     /// Streams found capturing the provisioner's own subjects, each with the subject it
     /// captures (none for a backend without a bus).
     fn captured(&self) -> Vec<(String, String)> {
@@ -53,16 +50,37 @@ pub trait Backend: Send + Sync + 'static {
     fn quota(&self) -> crate::mirror::Quota {
         crate::mirror::Quota::default()
     }
-    /// When the count of `service`'s responders that `responders` answers now was made, if it
-    /// is kept (the reply cache keeps a reply that used it only while this stays the same).
-    fn discovered_at(&self, _service: &str) -> Option<std::time::Instant> {
-        None
+}
+
+/// A count of a service's responders, and how long it stays the count a fresh question gets.
+#[derive(Debug, Clone)]
+pub struct Count {
+    pub responders: u32,
+    pub holds: Option<Holds>,
+}
+
+/// How long something a backend answered stays what it would answer again: until an instant,
+/// and, when tied to a counter (streams announced created), while the counter has not moved.
+/// A read says it itself, so nothing asks the backend afterwards (the reply cache keeps a reply
+/// only while every read's [`Holds`] holds).
+#[derive(Debug, Clone)]
+pub struct Holds {
+    until: std::time::Instant,
+    counter: Option<(Arc<std::sync::atomic::AtomicU64>, u64)>,
+}
+
+impl Holds {
+    pub fn until(until: std::time::Instant) -> Holds {
+        Holds { until, counter: None }
     }
-    /// The listing of the bus's buckets that a read of an unmirrored bucket is answered from now
-    /// (when it was made, and the generation of announced creations it saw), if it is still
-    /// used: a reply that read a bucket as missing is kept only while it is.
-    fn listing_stamp(&self) -> Option<(std::time::Instant, u64)> {
-        None
+
+    /// ... and only while `counter` is still at `seen`.
+    pub fn while_at(self, counter: Arc<std::sync::atomic::AtomicU64>, seen: u64) -> Holds {
+        Holds { counter: Some((counter, seen)), ..self }
+    }
+
+    pub fn holds(&self) -> bool {
+        std::time::Instant::now() < self.until && self.counter.as_ref().is_none_or(|(c, seen)| c.load(std::sync::atomic::Ordering::Acquire) == *seen)
     }
 }
 
@@ -93,7 +111,9 @@ pub fn check_bucket(bucket: &str) -> Result<()> {
 pub struct MemoryBackend {
     mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
     /// Each service's responders, and when that count was set (its discovery cache entry).
-    services: Mutex<HashMap<String, (u32, std::time::Instant)>>,
+    services: Mutex<HashMap<String, u32>>,
+    /// Moves on every change of a count: a count holds while it has not moved.
+    counted: Arc<std::sync::atomic::AtomicU64>,
     writes: Mutex<u64>,
     kept: KeptPlans,
     /// Reads of a bucket through [`Backend::mirror`] (every read the guest makes).
@@ -108,7 +128,7 @@ impl MemoryBackend {
 
     /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
     pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
-        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), writes: Mutex::default(), kept, reads: Default::default() })
+        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), counted: Default::default(), writes: Mutex::default(), kept, reads: Default::default() })
     }
 
     /// The bucket's mirror, created empty and ready if missing.
@@ -156,12 +176,13 @@ impl MemoryBackend {
     /// Says that `count` instances of `service` answer discovery: a new count, as a discovery
     /// made now (kept until the next).
     pub fn set_responders(&self, service: &str, count: u32) {
-        self.services.locked().insert(service.to_string(), (count, std::time::Instant::now()));
+        self.services.locked().insert(service.to_string(), count);
+        self.counted.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// How many instances of `service` answer discovery (none unless set).
     pub fn responders_of(&self, service: &str) -> u32 {
-        self.services.locked().get(service).map_or(0, |s| s.0)
+        self.services.locked().get(service).copied().unwrap_or(0)
     }
 
     /// How many times a bucket was read through the backend (each of the guest's reads).
@@ -193,10 +214,6 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
-        self.mirrors.locked().get(bucket).cloned()
-    }
-
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(async move {
             check_bucket(bucket)?;
@@ -217,14 +234,13 @@ impl Backend for MemoryBackend {
         &self.kept
     }
 
-    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {
         Box::pin(async move {
             check_service(service)?;
-            Ok(self.responders_of(service))
+            // A count set by hand holds until the next is set (read before the count).
+            let seen = self.counted.load(std::sync::atomic::Ordering::Acquire);
+            let forever = std::time::Instant::now() + std::time::Duration::from_secs(86_400);
+            Ok(Count { responders: self.responders_of(service), holds: Some(Holds::until(forever).while_at(self.counted.clone(), seen)) })
         })
-    }
-
-    fn discovered_at(&self, service: &str) -> Option<std::time::Instant> {
-        self.services.locked().get(service).map(|s| s.1)
     }
 }

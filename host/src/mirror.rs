@@ -236,6 +236,24 @@ pub struct Mirror {
     version: AtomicU64,
     /// What is wrong with the bucket (see [`Health`]); changing it moves the version.
     health: Mutex<Health>,
+    /// No longer served by its backend (dropped from its registry of mirrors): what a reply
+    /// read here may differ from what a read now would find.
+    retired: std::sync::atomic::AtomicBool,
+    /// Set on a one-off mirror, never served again (a bucket read as missing from the listing
+    /// of the bus's buckets): how long that answer holds, if the backend can say.
+    once: std::sync::OnceLock<Option<crate::backend::Holds>>,
+}
+
+/// How long what was read in a mirror stays what a read now would find (the reply cache).
+#[derive(Debug, Clone)]
+pub enum Holding {
+    /// A mirror its backend serves and keeps current: while its version does not move and it
+    /// is not retired.
+    Served,
+    /// A one-off answer: while the [`Holds`](crate::backend::Holds) holds.
+    While(crate::backend::Holds),
+    /// A one-off answer nothing says how long holds.
+    Never,
 }
 
 impl Drop for Mirror {
@@ -266,6 +284,32 @@ impl Mirror {
         let m = Self::default();
         m.touch();
         m
+    }
+
+    /// An empty mirror of a bucket that does not exist, served once: the answer of a listing of
+    /// the bus's buckets, holding as long as `holds` says (never, when `None`).
+    pub fn missing_once(holds: Option<crate::backend::Holds>) -> Self {
+        let m = Self::new();
+        m.set_missing(true);
+        m.set_ready(true);
+        let _ = m.once.set(holds);
+        m
+    }
+
+    /// Marks the mirror as no longer served by its backend (its version moves too).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        drop(self.write());
+    }
+
+    /// How long what is read here now stays true (see [`Holding`]); read it before reading.
+    pub fn holding(&self) -> Holding {
+        match self.once.get() {
+            _ if self.retired.load(Ordering::Acquire) => Holding::Never,
+            None => Holding::Served,
+            Some(Some(h)) => Holding::While(h.clone()),
+            Some(None) => Holding::Never,
+        }
     }
 
     /// A mirror that counts keys and bytes by first token (its writers), for a bucket whose

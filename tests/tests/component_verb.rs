@@ -329,10 +329,6 @@ async fn the_guest_sees_no_environment_files_or_network() {
 struct Stalled(mesh_provisioner::kept::KeptPlans);
 
 impl Backend for Stalled {
-    fn current_mirror(&self, _: &str) -> Option<Arc<mesh_provisioner::mirror::Mirror>> {
-        None
-    }
-
     fn mirror<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<mesh_provisioner::mirror::Mirror>>> {
         Box::pin(std::future::pending())
     }
@@ -345,7 +341,7 @@ impl Backend for Stalled {
     fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
         &self.0
     }
-    fn responders<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+    fn responders<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<mesh_provisioner::backend::Count>> {
         Box::pin(std::future::pending())
     }
 }
@@ -361,9 +357,6 @@ enum Stall {
 }
 
 impl Backend for StallsOn {
-    fn current_mirror(&self, bucket: &str) -> Option<Arc<mesh_provisioner::mirror::Mirror>> {
-        self.0.current_mirror(bucket)
-    }
     fn mirror<'a>(&'a self, bucket: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<mesh_provisioner::mirror::Mirror>>> {
         self.0.mirror(bucket)
     }
@@ -376,7 +369,7 @@ impl Backend for StallsOn {
     fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
         self.0.kept()
     }
-    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<mesh_provisioner::backend::Count>> {
         if self.1 == Stall::Discovery { Box::pin(std::future::pending()) } else { self.0.responders(service) }
     }
 }

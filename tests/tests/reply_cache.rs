@@ -261,9 +261,6 @@ struct Gated {
 }
 
 impl Backend for Gated {
-    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
-        self.inner.current_mirror(bucket)
-    }
     fn mirror<'a>(&'a self, bucket: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<Arc<Mirror>>> {
         self.entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut open = self.open.subscribe();
@@ -281,7 +278,7 @@ impl Backend for Gated {
     fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
         self.inner.kept()
     }
-    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u32>> {
+    fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<mesh_provisioner::backend::Count>> {
         self.inner.responders(service)
     }
 }
@@ -321,4 +318,17 @@ async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() 
     }
     assert!(replies.iter().all(|r| *r == replies[0]), "the waiting asks got another answer");
     assert_eq!(gated.entered.load(std::sync::atomic::Ordering::SeqCst), one, "16 concurrent asks of one request called the guest more than once");
+}
+
+#[tokio::test]
+async fn a_reply_kept_over_one_backend_is_never_served_over_another() {
+    let guest = tests::guest();
+    let body = br#"{"what":"needs","node":"alpha"}"#;
+    let (one, two) = (MemoryBackend::new(), MemoryBackend::new());
+    one.put("mesh-provisioner_needs", "alpha.app.config.url", b"\"one\"");
+    two.put("mesh-provisioner_needs", "alpha.app.config.url", b"\"two\"");
+    let first = guest.handle(one.clone() as Arc<dyn Backend>, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
+    let second = guest.handle(two.clone() as Arc<dyn Backend>, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.unwrap();
+    assert!(String::from_utf8_lossy(&first.body).contains("\"one\""));
+    assert!(String::from_utf8_lossy(&second.body).contains("\"two\""), "{}", String::from_utf8_lossy(&second.body));
 }

@@ -12,12 +12,14 @@ impl NatsBackend {
             Some(m) => m,
             None => {
                 check_bucket(bucket)?;
-                // Fails fast when the bus cannot be asked, rather than wait for a sync.
+                // Fails fast when the bus cannot be asked, rather than wait for a sync. A
+                // missing bucket's answer holds while the listing it came from is in use (the
+                // same listing before and after the question).
+                let before = self.listing_holds();
                 if !self.bucket_exists(bucket).await? {
-                    let m = Mirror::new();
-                    m.set_missing(true);
-                    m.set_ready(true);
-                    return Ok(Arc::new(m));
+                    let after = self.listing_holds();
+                    let same = matches!((&before, &after), (Some((a, _)), Some((b, _))) if a == b);
+                    return Ok(Arc::new(Mirror::missing_once(after.filter(|_| same).map(|(_, h)| h))));
                 }
                 let mut map = self.mirrors.locked();
                 match map.get(bucket) {
@@ -158,6 +160,7 @@ impl Follower {
                         let mut map = self.mirrors.locked();
                         if map.get(&self.bucket).is_some_and(|m| Arc::ptr_eq(m, &self.mirror)) {
                             map.remove(&self.bucket);
+                            self.mirror.retire();
                         }
                         tracing::info!(bucket = self.bucket, "the bucket is gone and nobody reads it: mirror dropped");
                         return;

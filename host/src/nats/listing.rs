@@ -91,6 +91,16 @@ impl NatsBackend {
         Ok(names)
     }
 
+    /// The listing in use now, and how long an answer from it holds: until it expires or a
+    /// creation is announced. Never waits: a listing being made now is not one an answer came
+    /// from.
+    pub(super) fn listing_holds(&self) -> Option<((Instant, u64), Holds)> {
+        let names = self.names.try_lock().ok()?;
+        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
+        let (at, g) = names.0.filter(|(at, g)| *g == generation && at.elapsed() < NAMES_FOR)?;
+        Some(((at, g), Holds::until(at + NAMES_FOR).while_at(self.created.clone(), g)))
+    }
+
     /// Whether `bucket` is on the bus now (see [`NatsBackend::listing`]).
     pub(super) async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
         Ok(self.listing().await?.1.contains(bucket))

@@ -20,7 +20,7 @@ use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use crate::backend::{check_bucket, Backend, REGISTRY_BUCKET, STATES_BUCKET};
+use crate::backend::{check_bucket, Backend, Count, Holds, REGISTRY_BUCKET, STATES_BUCKET};
 use crate::bucket::{bounded, ensure_bucket, open_bucket, stream_info, Limits, Shape, Spec};
 use crate::changes::Changes;
 use crate::error::{Error, ErrorKind, Result};
@@ -240,10 +240,6 @@ pub fn owned_buckets(options: &Options) -> Vec<Spec> {
 }
 
 impl Backend for NatsBackend {
-    fn current_mirror(&self, bucket: &str) -> Option<Arc<Mirror>> {
-        self.mirrors.locked().get(bucket).cloned().filter(|m| m.is_ready())
-    }
-
     fn mirror<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<Arc<Mirror>>> {
         Box::pin(self.mirror_of(bucket))
     }
@@ -298,34 +294,26 @@ impl Backend for NatsBackend {
         self.options.quota
     }
 
-    fn listing_stamp(&self) -> Option<(Instant, u64)> {
-        // Never waits: a listing being made now is not the one a cached reply read.
-        let names = self.names.try_lock().ok()?;
-        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
-        names.0.filter(|(at, g)| *g == generation && at.elapsed() < NAMES_FOR)
-    }
-
-    fn discovered_at(&self, service: &str) -> Option<Instant> {
-        let kept = self.discovered.locked();
-        kept.get(service).map(|(at, _)| *at).filter(|at| at.elapsed() < DISCOVERY_CACHE)
-    }
-
-    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<u32>> {
+    fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {
         Box::pin(async move {
             crate::backend::check_service(service)?;
+            // A kept count is the answer until it expires: nothing replaces it sooner.
+            let kept = |at: Instant, responders: u32| Count { responders, holds: Some(Holds::until(at + DISCOVERY_CACHE)) };
             let cached = self.discovered.locked().get(service).copied();
-            if let Some((_, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
-                return Ok(n);
+            if let Some((at, n)) = cached.filter(|(at, _)| at.elapsed() < DISCOVERY_CACHE) {
+                return Ok(kept(at, n));
             }
             let n = self.discover(service).await?;
-            let mut kept = self.discovered.locked();
-            if kept.len() >= DISCOVERY_KEPT {
-                kept.retain(|_, (at, _)| at.elapsed() < DISCOVERY_CACHE);
+            let mut kept_now = self.discovered.locked();
+            if kept_now.len() >= DISCOVERY_KEPT {
+                kept_now.retain(|_, (at, _)| at.elapsed() < DISCOVERY_CACHE);
             }
-            if kept.len() < DISCOVERY_KEPT {
-                kept.insert(service.to_string(), (Instant::now(), n));
+            if kept_now.len() < DISCOVERY_KEPT {
+                let at = Instant::now();
+                kept_now.insert(service.to_string(), (at, n));
+                return Ok(kept(at, n));
             }
-            Ok(n)
+            Ok(Count { responders: n, holds: None })
         })
     }
 }

@@ -59,28 +59,12 @@ async fn bounded<T>(
     }
 }
 
-/// The mirror of `bucket`, in sync, within the call's deadline; recorded with its version
-/// (read before the caller reads it) for the reply cache.
+/// The mirror of `bucket`, in sync, within the call's deadline; recorded, with what the read
+/// depends on, for the reply cache.
 async fn mirror(ctx: &mut Ctx, bucket: &str) -> R<std::sync::Arc<crate::mirror::Mirror>> {
-    // The listing in use before the read: a read that made a new one is not kept.
-    let listing = ctx.reads.as_ref().and_then(|_| ctx.backend.listing_stamp());
     let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
-    let Some(reads) = ctx.reads.as_mut() else { return m };
-    let read = match &m {
-        // A mirror the backend serves (and will keep current), at its version now.
-        Ok(m) if ctx.backend.current_mirror(bucket).is_some_and(|now| std::sync::Arc::ptr_eq(&now, m)) => {
-            Some(super::Read::Mirror { bucket: bucket.to_string(), mirror: m.clone(), version: m.version() })
-        }
-        // A bucket not on the bus: missing as long as the listing that said so is used.
-        Ok(m) if !m.exists() && listing.is_some() && ctx.backend.listing_stamp() == listing => {
-            listing.map(|(at, generation)| super::Read::Listing { at, generation })
-        }
-        _ => None,
-    };
-    match read {
-        Some(r) => reads.push(r),
-        None => ctx.reads = None,
-    }
+    let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m));
+    ctx.record(read);
     m
 }
 
@@ -114,13 +98,10 @@ impl store::Host for Ctx {
 
 impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
-        let n = bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
-        // A reply that used a count is kept only while the discovery cache keeps that count.
-        match (&n, self.backend.discovered_at(&service), self.reads.as_mut()) {
-            (Ok(_), Some(at), Some(reads)) => reads.push(super::Read::Discovery { service, at }),
-            _ => self.reads = None,
-        }
-        n
+        let count = bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
+        // A reply that used a count is kept only while the count holds (never one that failed).
+        self.record(count.as_ref().ok().and_then(|c| super::Read::of_count(&service, c)));
+        count.map(|c| c.responders)
     }
 }
 
@@ -158,8 +139,15 @@ impl Ctx {
     /// Records a read of the kept plans' failures (held in memory), at their version before
     /// the read.
     fn read_kept(&mut self) {
-        if let Some(reads) = self.reads.as_mut() {
-            reads.push(super::Read::Kept { version: self.backend.kept().version() });
+        let version = self.backend.kept().version();
+        self.record(Some(super::Read::Kept { version }));
+    }
+
+    /// Records what a read depends on; `None` (nothing could say) leaves the reply unkept.
+    fn record(&mut self, read: Option<super::Read>) {
+        match (read, self.reads.as_mut()) {
+            (Some(r), Some(reads)) => reads.push(r),
+            _ => self.reads = None,
         }
     }
 }

@@ -1,15 +1,18 @@
 //! The reply cache: a verb's reply kept with what the call read, and served again — without
 //! calling the guest — only while everything it read would read the same now:
 //!
-//! - every mirror is still the one the backend serves, at the same version (`Mirror::version`
-//!   moves on every change: a put, a delete, a rebuild, a resync);
+//! - every mirror is still served by the backend (not retired), at the same version
+//!   (`Mirror::version` moves on every change: a put, a delete, a rebuild, a resync);
 //! - the kept plans' failures are at the same version (`KeptPlans::version` moves on every save
 //!   and every failed save); a kept plan read from its file is never kept (nothing versions a
 //!   file someone else may change);
-//! - every discovery count is still the one the backend's discovery cache would answer (the
-//!   same entry, not yet expired), so a fresh call could not have counted otherwise;
-//! - a bucket read as missing (not mirrored) is answered from the same listing of the bus's
-//!   buckets, still in use (no creation announced since, not yet expired).
+//! - every discovery count still holds (its [`Holds`]: the discovery cache's entry not yet
+//!   expired), so a fresh call could not have counted otherwise;
+//! - a bucket read as missing (not mirrored) still holds (its [`Holds`]: the listing of the
+//!   bus's buckets it came from is still the one in use).
+//!
+//! What a read depends on comes with the read ([`Holding`], [`Count::holds`]), so the
+//! backend is never asked afterwards and its trait carries nothing for the cache alone.
 //!
 //! A call that did anything else — read or kept a plan, wrote, logged, counted responders the
 //! discovery cache did not keep — is never kept, nor is an
@@ -22,8 +25,8 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::Backend;
-use crate::mirror::Mirror;
+use crate::backend::{Backend, Count, Holds};
+use crate::mirror::{Holding, Mirror};
 
 use super::Reply;
 
@@ -34,33 +37,47 @@ const MAX_BYTES: usize = 32 << 20;
 /// Something a call read, as it was before the read.
 #[derive(Clone)]
 pub enum Read {
-    /// A bucket's mirror, at its version.
+    /// A bucket's mirror, at its version, served by the backend.
     Mirror { bucket: String, mirror: Arc<Mirror>, version: u64 },
+    /// A one-off answer of the backend (a bucket read as missing), while it holds.
+    Once { holds: Holds },
     /// The kept plans' failures, at their version.
     Kept { version: u64 },
-    /// A count of a service's responders, from the discovery cache's entry made at `at`.
-    Discovery { service: String, at: std::time::Instant },
-    /// A bucket read as missing, from the listing of the bus's buckets made at `at` (with the
-    /// generation of creations it saw).
-    Listing { at: std::time::Instant, generation: u64 },
+    /// A count of a service's responders, while it holds.
+    Discovery { service: String, holds: Holds },
 }
 
 impl Read {
+    /// What reading `mirror` of `bucket` now depends on; `None`: nothing could keep it.
+    pub fn of_mirror(bucket: &str, mirror: &Arc<Mirror>) -> Option<Read> {
+        // The holding first, then the version: a retirement between them moves the version.
+        match mirror.holding() {
+            Holding::Served => Some(Read::Mirror { bucket: bucket.to_string(), version: mirror.version(), mirror: mirror.clone() }),
+            Holding::While(holds) => Some(Read::Once { holds }),
+            Holding::Never => None,
+        }
+    }
+
+    /// What a count of `service`'s responders depends on; `None`: nothing says how long it holds.
+    pub fn of_count(service: &str, count: &Count) -> Option<Read> {
+        count.holds.clone().map(|holds| Read::Discovery { service: service.to_string(), holds })
+    }
+
     /// Whether a call now would read the same.
     fn unchanged(&self, backend: &dyn Backend) -> bool {
         match self {
-            Read::Mirror { bucket, mirror, version } => {
-                backend.current_mirror(bucket).is_some_and(|now| Arc::ptr_eq(&now, mirror)) && mirror.version() == *version
-            }
+            Read::Mirror { mirror, version, .. } => matches!(mirror.holding(), Holding::Served) && mirror.is_ready() && mirror.version() == *version,
+            Read::Once { holds } | Read::Discovery { holds, .. } => holds.holds(),
             Read::Kept { version } => backend.kept().version() == *version,
-            Read::Discovery { service, at } => backend.discovered_at(service) == Some(*at),
-            Read::Listing { at, generation } => backend.listing_stamp() == Some((*at, *generation)),
         }
     }
 }
 
-/// A kept reply: the request it answers (verb, body, reply budget), the reply, what it read.
+/// A kept reply: the request it answers (verb, body, reply budget), the reply, what it read,
+/// and the backend it read from (a reply is never served over another: a mirror is served,
+/// and a count holds, only for the backend that gave it).
 struct Kept {
+    backend: std::sync::Weak<dyn Backend>,
     verb: Box<str>,
     body: Box<[u8]>,
     max_reply: u32,
@@ -129,18 +146,20 @@ impl ReplyCache {
 
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies
     /// nothing: the reply's bytes are shared.
-    pub fn get(&self, backend: &dyn Backend, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
+    pub fn get(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
         let kept = self.kept.locked();
         if kept.entries == 0 {
             return None;
         }
         let same = kept.by_hash.get(&self.hash(verb, body, max_reply))?;
         let k = same.iter().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
-        k.reads.iter().all(|r| r.unchanged(backend)).then(|| k.reply.clone())
+        // A live `Weak` at the same address is the same backend (a dropped one's never upgrades).
+        let same_backend = k.backend.upgrade().is_some_and(|b| Arc::ptr_eq(&b, backend));
+        (same_backend && k.reads.iter().all(|r| r.unchanged(backend.as_ref()))).then(|| k.reply.clone())
     }
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
-    pub fn put(&self, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
+    pub fn put(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
         let Some(mut reads) = reads else { return };
         if matches!(reply.code, super::ReplyCode::Unavailable) {
             return;
@@ -152,7 +171,7 @@ impl ReplyCache {
             Read::Mirror { bucket, version, .. } => (0, bucket.clone(), *version),
             Read::Kept { version } => (1, String::new(), *version),
             Read::Discovery { service, .. } => (2, service.clone(), 0),
-            Read::Listing { generation, .. } => (3, String::new(), *generation),
+            Read::Once { .. } => (3, String::new(), 0),
         };
         reads.sort_by_key(key);
         let mut one: Vec<Read> = Vec::with_capacity(reads.len());
@@ -165,8 +184,7 @@ impl ReplyCache {
                     true
                 }
                 (Some(Read::Kept { version: a }), Read::Kept { version: b }) => a == b,
-                (Some(Read::Discovery { service: s, at: a }), Read::Discovery { service, at }) => s == service && a == at,
-                (Some(Read::Listing { at: a, generation: g }), Read::Listing { at, generation }) => a == at && g == generation,
+                (Some(Read::Discovery { service: s, .. }), Read::Discovery { service, .. }) => s == service,
                 _ => false,
             };
             if !repeated {
@@ -179,7 +197,7 @@ impl ReplyCache {
         if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
             *kept = Replies::default();
         }
-        let entry = Kept { verb: verb.into(), body: body.into(), max_reply, reply: reply.clone(), reads: one };
+        let entry = Kept { backend: Arc::downgrade(backend), verb: verb.into(), body: body.into(), max_reply, reply: reply.clone(), reads: one };
         let same = kept.by_hash.entry(hash).or_default();
         match same.iter_mut().find(|k| k.max_reply == max_reply && *k.verb == *verb && *k.body == *body) {
             Some(k) => *k = entry,

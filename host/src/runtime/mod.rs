@@ -511,7 +511,7 @@ impl Guest {
         if !self.runtime.options.reply_cache {
             return Ok(self.handle_uncached(backend, limits, verb, body, max_reply).await?.0);
         }
-        if let Some(reply) = self.replies.get(backend.as_ref(), verb, body, max_reply) {
+        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
             crate::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
@@ -520,7 +520,7 @@ impl Guest {
         let flight = match self.replies.fly(verb, body, max_reply, limits.deadline).await {
             Ok(leading) => Some(leading),
             Err(()) => {
-                if let Some(reply) = self.replies.get(backend.as_ref(), verb, body, max_reply) {
+                if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
                     crate::metrics::metrics().reply_cache(true);
                     return Ok(reply);
                 }
@@ -529,7 +529,7 @@ impl Guest {
         };
         crate::metrics::metrics().reply_cache(false);
         let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
-        self.replies.put(verb, body, max_reply, &reply, reads);
+        self.replies.put(&backend, verb, body, max_reply, &reply, reads);
         drop(flight);
         Ok(reply)
     }
