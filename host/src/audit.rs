@@ -27,9 +27,7 @@ use tokio::sync::watch;
 use crate::bucket::{stream_info, Shape};
 use crate::error::Result;
 use crate::mirror::Mirror;
-use crate::nats::NatsBackend;
 use crate::reconciler::Reconciler;
-use crate::seat::Seat;
 
 /// How long a mirror may stay behind its stream without moving before it is rebuilt.
 pub const BEHIND_GRACE: Duration = Duration::from_secs(3);
@@ -155,8 +153,7 @@ pub async fn audit_one(js: &async_nats::jetstream::Context, bucket: &str, mirror
 /// The audit task: one round every `every`, and one after each reconnect once the mirrors had
 /// a chance to replay.
 pub struct Auditor {
-    pub nats: Arc<NatsBackend>,
-    pub seat: Arc<Seat>,
+    pub shared: crate::shared::Shared,
     pub reconciler: Reconciler,
     pub every: Duration,
     pub counts: Arc<Counts>,
@@ -189,9 +186,9 @@ impl Auditor {
     /// Looks for streams that capture the provisioner's own subjects, and says so loudly
     /// (log, `/readyz`, metric) while one does.
     async fn check_captures(&self) {
-        match self.nats.captures().await {
+        match self.shared.nats.captures().await {
             Ok(found) => {
-                if self.nats.set_captures(found.clone()) {
+                if self.shared.nats.set_captures(found.clone()) {
                     for (stream, subject) in &found {
                         tracing::error!(stream, subject, "stream {stream} captures subjects of {subject}: requesters get its acknowledgements instead of answers, and notices are stored; delete it");
                     }
@@ -208,7 +205,7 @@ impl Auditor {
     /// provisioner's subjects looked for, then every mirror.
     pub async fn round(&self, after_reconnect: bool) {
         self.check_captures().await;
-        match self.nats.ensure_owned().await {
+        match self.shared.nats.ensure_owned().await {
             Ok(made) if !made.is_empty() => {
                 tracing::warn!(buckets = ?made, "the bus had lost these buckets: made them again");
                 self.reconciler.request("buckets made again");
@@ -216,12 +213,12 @@ impl Auditor {
             Ok(_) => {}
             Err(e) => tracing::warn!("could not check this server's buckets: {e}"),
         }
-        match self.seat.ensure_bucket().await {
+        match self.shared.seat.ensure_bucket().await {
             Ok(true) => tracing::warn!("the bus had lost the seat's bucket: made it again"),
             Ok(false) => {}
             Err(e) => tracing::warn!("could not check the seat's bucket: {e}"),
         }
-        let mirrors = crate::backend::Backend::mirrors(self.nats.as_ref());
+        let mirrors = crate::backend::Backend::mirrors(self.shared.nats.as_ref());
         if after_reconnect {
             let start = Instant::now();
             while start.elapsed() < AFTER_RECONNECT && mirrors.iter().any(|(_, m)| !m.is_ready()) {
@@ -229,7 +226,7 @@ impl Auditor {
             }
         }
         for (bucket, mirror) in &mirrors {
-            match audit_one(self.nats.jetstream(), bucket, mirror).await {
+            match audit_one(self.shared.nats.jetstream(), bucket, mirror).await {
                 Ok(Verdict::InSync) => {
                     self.counts.count(bucket, false);
                     tracing::debug!(bucket, "mirror audited: in sync");

@@ -31,10 +31,8 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::backend::Backend;
-use crate::current::Current;
 use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::{Limits, ReplyCode};
+use crate::runtime::ReplyCode;
 use crate::seat::Seat;
 
 /// How long one read of the mesh's status is reused.
@@ -116,20 +114,16 @@ const EVENTS_KEPT: usize = 1024;
 
 /// What the HTTP side reads.
 pub struct Http {
-    pub client: async_nats::Client,
-    pub backend: Arc<dyn Backend>,
-    pub current: Arc<Current>,
-    pub seat: Arc<Seat>,
-    pub limits: Limits,
+    pub shared: crate::shared::Shared,
     snapshot: Snapshot,
     /// The state changes heard, for every page following them.
     events: tokio::sync::broadcast::Sender<Arc<Value>>,
 }
 
 impl Http {
-    pub fn new(client: async_nats::Client, backend: Arc<dyn Backend>, current: Arc<Current>, seat: Arc<Seat>, limits: Limits) -> Arc<Http> {
+    pub fn new(shared: crate::shared::Shared) -> Arc<Http> {
         let events = tokio::sync::broadcast::channel(EVENTS_KEPT).0;
-        Arc::new(Http { client, backend, current, seat, limits, snapshot: Snapshot::default(), events })
+        Arc::new(Http { shared, snapshot: Snapshot::default(), events })
     }
 }
 
@@ -140,7 +134,7 @@ pub async fn hear_events(http: Arc<Http>) {
     use futures::StreamExt;
     let subject = format!("{}>", crate::states::EVENT_PREFIX);
     loop {
-        match http.client.subscribe(subject.clone()).await {
+        match http.shared.client.subscribe(subject.clone()).await {
             Ok(mut sub) => {
                 while let Some(msg) = sub.next().await {
                     if let Ok(v @ Value::Object(_)) = serde_json::from_slice::<Value>(&msg.payload) {
@@ -240,14 +234,15 @@ async fn guard(State(options): State<Arc<Options>>, request: axum::extract::Requ
 /// `200` with the role (`holder` or `standby`) when the component is loaded, the connection up
 /// and the warm mirrors in sync; `503` with what is missing otherwise.
 async fn readyz(State(h): State<Arc<Http>>) -> Response {
-    let connected = h.client.connection_state() == async_nats::connection::State::Connected;
-    let mirrors = h.backend.mirrors();
+    let connected = h.shared.client.connection_state() == async_nats::connection::State::Connected;
+    let mirrors = h.shared.backend.mirrors();
     let behind: Vec<&str> = crate::nats::WARM_BUCKETS.iter().copied().filter(|b| !mirrors.iter().any(|(name, m)| name == b && m.is_ready())).collect();
-    let loaded = h.current.get();
+    let loaded = h.shared.current.get();
     // A bucket refused (not a bucket's stream; past the memory budget) and a stream capturing
     // the provisioner's subjects are each a reason not to be ready: said, with what to do.
     let refused: Vec<Value> = mirrors.iter().filter_map(|(b, m)| m.refused().map(|why| json!({"bucket": b, "reason": why}))).collect();
     let captures: Vec<Value> = h
+        .shared
         .backend
         .captured()
         .into_iter()
@@ -256,8 +251,8 @@ async fn readyz(State(h): State<Arc<Http>>) -> Response {
     let ready = connected && behind.is_empty() && refused.is_empty() && captures.is_empty();
     let body = json!({
         "ready": ready,
-        "role": role(&h.seat),
-        "instance": h.seat.instance(),
+        "role": role(&h.shared.seat),
+        "instance": h.shared.seat.instance(),
         "connected": connected,
         "mirrors_behind": behind,
         "buckets_refused": refused,
@@ -272,8 +267,8 @@ async fn readyz(State(h): State<Arc<Http>>) -> Response {
 async fn metrics(State(h): State<Arc<Http>>) -> Response {
     let started = Instant::now();
     let m = crate::metrics::metrics();
-    m.seat_holder.set(i64::from(h.seat.is_held()));
-    for (bucket, mirror) in h.backend.mirrors() {
+    m.seat_holder.set(i64::from(h.shared.seat.is_held()));
+    for (bucket, mirror) in h.shared.backend.mirrors() {
         let label = crate::metrics::Bucket { bucket };
         m.mirror_keys.get_or_create(&label).set(mirror.len() as i64);
         m.mirror_bytes.get_or_create(&label).set(mirror.bytes() as i64);
@@ -285,8 +280,8 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     }
     m.writer_keys.clear();
     m.writer_bytes.clear();
-    let quota = h.backend.quota();
-    for (bucket, mirror) in h.backend.mirrors() {
+    let quota = h.shared.backend.quota();
+    for (bucket, mirror) in h.shared.backend.mirrors() {
         for w in mirror.writers_over(quota) {
             let label = crate::metrics::BucketWriter { bucket: bucket.clone(), writer: w.writer };
             m.writer_keys.get_or_create(&label).set(w.keys as i64);
@@ -294,11 +289,11 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
         }
     }
     m.stream_captures.clear();
-    for (stream, subject) in h.backend.captured() {
+    for (stream, subject) in h.shared.backend.captured() {
         m.stream_captures.get_or_create(&crate::metrics::Stream { stream, subject }).set(1);
     }
     m.mirrors_bytes.set(crate::mirror::total_bytes() as i64);
-    let budget = h.current.get().guest.budget().clone();
+    let budget = h.shared.current.get().guest.budget().clone();
     m.guest_memory.set(budget.used() as i64);
     m.guest_memory_budget.set(budget.total() as i64);
     // Module states come from the shared status read (at most one guest read per
@@ -385,14 +380,14 @@ fn refresh(h: &Arc<Http>) {
 
 /// Reads every page of `{"what":"status"}` from the guest.
 async fn read_status(h: &Http) -> Result<Arc<Value>> {
-    let loaded = h.current.get();
+    let loaded = h.shared.current.get();
     let (mut entries, mut after, mut complete) = (Vec::new(), None::<String>, false);
     for _ in 0..MAX_PAGES {
         let mut q = json!({"what": "status", "limit": 1000});
         if let Some(a) = &after {
             q["after"] = json!(a);
         }
-        let reply = loaded.guest.handle(h.backend.clone(), h.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), PAGE_BUDGET).await?;
+        let reply = loaded.guest.handle(h.shared.backend.clone(), h.shared.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), PAGE_BUDGET).await?;
         let page: Value = serde_json::from_slice(&reply.body).map_err(|e| Error::new(ErrorKind::Guest, format!("a status page that is not JSON: {e}")))?;
         if reply.code != ReplyCode::Ok {
             let why = page["error"]["message"].as_str().unwrap_or("the status read failed").to_string();
@@ -412,8 +407,8 @@ async fn read_status(h: &Http) -> Result<Arc<Value>> {
     let s = Arc::new(json!({
         "entries": entries,
         "complete": complete,
-        "role": role(&h.seat),
-        "instance": h.seat.instance(),
+        "role": role(&h.shared.seat),
+        "instance": h.shared.seat.instance(),
         "read_at": crate::service::rfc3339(std::time::SystemTime::now()),
     }));
     Ok(s)

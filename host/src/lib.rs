@@ -35,6 +35,7 @@ pub mod seat;
 pub mod secrets;
 pub mod serve;
 pub mod service;
+pub mod shared;
 pub mod states;
 pub mod sync;
 pub mod trust;

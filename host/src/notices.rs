@@ -14,9 +14,7 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 pub use crate::events::{Events, MAX_PENDING};
-use crate::current::Current;
 use crate::runtime::Limits;
-use crate::seat::Seat;
 
 /// The subject a node's notices are published on, before the node's name.
 pub const NOTICE_PREFIX: &str = "mesh-provisioner.notice.";
@@ -32,36 +30,28 @@ pub fn subject(node: &str) -> Option<String> {
     crate::events::node_subject(NOTICE_PREFIX, node)
 }
 
-/// Who follows and publishes: the bus client, the backend (for mirrors), the seat.
+/// Who follows and publishes: the shared handle (its backend's hub of live events; the
+/// buckets plans follow, listed too, so a bucket created later is mirrored).
 pub struct Notifier {
-    pub client: async_nats::Client,
-    /// The bus's buckets, for the patterns of the inputs.
-    pub nats: Arc<crate::nats::NatsBackend>,
-    pub backend: Arc<dyn Backend>,
-    pub current: Arc<Current>,
-    pub events: Arc<Events>,
-    /// The buckets plans follow: listed too, so a bucket created later is mirrored.
-    pub plan_inputs: Arc<crate::changes::Changes>,
-    pub seat: Arc<Seat>,
-    pub limits: Limits,
+    pub shared: crate::shared::Shared,
 }
 
 impl Notifier {
     /// Follows the guest's notice inputs and publishes notices while the seat is held.
     pub async fn run(self) {
-        let limits = Limits { deadline: self.limits.deadline.max(DEADLINE), ..self.limits };
-        let (mut swapped, mut held) = (self.current.subscribe(), self.seat.subscribe());
+        let limits = Limits { deadline: self.shared.limits.deadline.max(DEADLINE), ..self.shared.limits };
+        let (mut swapped, mut held) = (self.shared.current.subscribe(), self.shared.seat.subscribe());
         let mut following = String::new();
         let mut list = tokio::time::interval(LIST_EVERY);
         let mut published = 0u64;
         let mut listing: Option<tokio::task::JoinHandle<()>> = None;
         loop {
-            let loaded = self.current.get();
+            let loaded = self.shared.current.get();
             if loaded.guest.digest() != following {
-                match loaded.guest.notice_inputs(self.backend.clone(), limits).await {
+                match loaded.guest.notice_inputs(self.shared.backend.clone(), limits).await {
                     Ok(inputs) => {
                         tracing::info!(?inputs, "following the buckets notices come from");
-                        self.events.set_patterns(inputs);
+                        self.shared.nats.events().set_patterns(inputs);
                         following = loaded.guest.digest().to_string();
                         list.reset_immediately();
                     }
@@ -72,15 +62,15 @@ impl Notifier {
                     }
                 }
             }
-            self.events.set_open(self.seat.is_held());
+            self.shared.nats.events().set_open(self.shared.seat.is_held());
             tokio::select! {
-                _ = self.events.next() => {}
+                _ = self.shared.nats.events().next() => {}
                 _ = list.tick() => {
                     // Off this loop: a first sync of many buckets must not hold notices back.
                     if listing.as_ref().is_none_or(|l| l.is_finished()) {
-                        let mut patterns = self.events.patterns();
-                        patterns.extend(self.plan_inputs.patterns());
-                        listing = Some(tokio::spawn(mirror_inputs(self.nats.clone(), self.backend.clone(), patterns)));
+                        let mut patterns = self.shared.nats.events().patterns();
+                        patterns.extend(self.shared.nats.changes().patterns());
+                        listing = Some(tokio::spawn(mirror_inputs(self.shared.nats.clone(), self.shared.backend.clone(), patterns)));
                     }
                     continue;
                 }
@@ -88,9 +78,9 @@ impl Notifier {
                 _ = swapped.changed() => continue,
             }
             tokio::time::sleep(SETTLE).await;
-            let mut batch = self.events.take();
-            while !batch.is_empty() && self.seat.is_held() {
-                let report = match loaded.guest.notices(self.backend.clone(), limits, &batch).await {
+            let mut batch = self.shared.nats.events().take();
+            while !batch.is_empty() && self.shared.seat.is_held() {
+                let report = match loaded.guest.notices(self.shared.backend.clone(), limits, &batch).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(e)) => {
                         tracing::warn!(events = batch.len(), "deciding notices failed: {e}; these changes send none");
@@ -103,20 +93,20 @@ impl Notifier {
                 };
                 for n in &report.notices {
                     // Checked again for each: a holder that lost the seat sends nothing more.
-                    if !self.seat.is_held() {
+                    if !self.shared.seat.is_held() {
                         break;
                     }
                     let Some(subject) = subject(&n.node) else {
                         tracing::warn!(node = n.node, "the guest named a node that is not a subject token: no notice sent");
                         continue;
                     };
-                    match self.client.publish(subject, n.body.clone().into()).await {
+                    match self.shared.client.publish(subject, n.body.clone().into()).await {
                         Ok(()) => published += 1,
                         Err(e) => tracing::warn!(node = n.node, "publishing a notice failed: {e}"),
                     }
                 }
                 if !report.notices.is_empty() {
-                    let _ = self.client.flush().await;
+                    let _ = self.shared.client.flush().await;
                     tracing::info!(events = batch.len() - report.rest.len(), notices = report.notices.len(), published, "notices published");
                 }
                 batch = report.rest;

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::changes::{Changes, Split};
-use crate::current::Current;
+use crate::changes::Split;
 use crate::runtime::{Change, Guest, Limits};
 
 /// Changes arriving this soon after the first are taken in the same refresh.
@@ -111,7 +110,8 @@ pub async fn refresh_through(guest: &Guest, backend: &Arc<dyn Backend>, limits: 
     Ok(followed)
 }
 
-pub async fn follow(current: Arc<Current>, backend: Arc<dyn Backend>, changes: Arc<Changes>, limits: Limits) {
+pub async fn follow(shared: crate::shared::Shared) {
+    let (current, backend, changes, limits) = (shared.current, shared.backend, shared.nats.changes().clone(), shared.limits);
     let limits = Limits { deadline: limits.deadline.max(REFRESH_DEADLINE), ..limits };
     let mut swapped = current.subscribe();
     let mut following = String::new();

@@ -37,10 +37,11 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// Starts the task that reconciles whenever asked, until the returned handle is aborted.
-    pub fn start(current: Arc<Current>, backend: Arc<dyn Backend>, seat: Arc<Seat>, limits: Limits) -> (Reconciler, tokio::task::JoinHandle<()>) {
+    pub fn start(shared: &crate::shared::Shared) -> (Reconciler, tokio::task::JoinHandle<()>) {
         let (wanted, asked) = (Arc::new(Notify::new()), Arc::new(AtomicU64::new(0)));
         let (covered_tx, covered) = watch::channel(0);
-        let task = tokio::spawn(run(wanted.clone(), asked.clone(), covered_tx, current, backend, seat, limits));
+        let s = shared.clone();
+        let task = tokio::spawn(run(wanted.clone(), asked.clone(), covered_tx, s.current, s.backend, s.seat, s.limits));
         (Reconciler { wanted, asked, covered }, task)
     }
 

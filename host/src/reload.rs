@@ -7,14 +7,13 @@
 //! keeps serving.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::backend::MemoryBackend;
-use crate::current::{Current, Loaded, Refusal};
+use crate::current::{Loaded, Refusal};
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{Limits, Runtime};
 use crate::reconciler::Reconciler;
@@ -72,11 +71,11 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
 /// What a hot replace needs: where the component is, how to compile and check it, what serves
 /// now, and whom to ask for the reconcile after a swap.
 pub struct Reloader {
+    /// What serves now (`current`) and the limits a new component is checked under.
+    pub shared: crate::shared::Shared,
     pub path: PathBuf,
     pub runtime: Runtime,
-    pub current: Arc<Current>,
     pub cache: PathBuf,
-    pub limits: Limits,
     pub reconciler: Reconciler,
     /// Also look at the file every [`POLL`] (else SIGHUP only).
     pub poll: bool,
@@ -115,8 +114,8 @@ impl Reloader {
 
     /// One upgrade attempt; logs and records the outcome.
     pub async fn upgrade(&self, forced: bool) {
-        let Reloader { path, runtime, current, cache, limits, reconciler, trust, .. } = self;
-        let (path, limits, trust) = (path.as_path(), *limits, trust.as_ref());
+        let Reloader { shared, path, runtime, cache, reconciler, trust, .. } = self;
+        let (current, path, limits, trust) = (&shared.current, path.as_path(), shared.limits, trust.as_ref());
         let started = Instant::now();
         let (bytes, signed) = match crate::trust::read_component(path, trust) {
             Ok(b) => b,

@@ -20,6 +20,7 @@ use crate::nats::NatsBackend;
 use crate::reconciler::Reconciler;
 use crate::runtime::{Limits, Runtime};
 use crate::seat::Seat;
+use crate::shared::Shared;
 
 pub async fn run(args: Serve) -> Result<()> {
     if args.seat_ttl < std::time::Duration::from_millis(500) {
@@ -63,16 +64,16 @@ pub async fn run(args: Serve) -> Result<()> {
         report.log();
         report.result()?;
     }
-    let opened = open(&args, bus, current).await?;
-    let mut tasks = start(&args, &opened, reconnections, runtime, trust, limits);
+    let opened = open(&args, bus, current, limits).await?;
+    let mut tasks = start(&args, &opened, reconnections, runtime, trust);
     if let Some(listener) = http {
-        let state = crate::http::Http::new(opened.client.clone(), opened.backend.clone(), opened.current.clone(), opened.seat.clone(), limits);
+        let state = crate::http::Http::new(opened.clone());
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         let options = crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize);
         tasks.handles.push(tokio::spawn(crate::http::hear_events(state.clone())));
         tasks.handles.push(tokio::spawn(crate::http::serve(listener, state, options)));
     }
-    let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref(), limits).await;
+    let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await;
     shut_down(tasks, &opened, embedded).await;
     served
 }
@@ -153,19 +154,8 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
     Ok((Bus { client, service }, Some(server), events))
 }
 
-/// What serving stands on: the bus, the backend over it, the seat, the loaded component.
-struct Opened {
-    client: async_nats::Client,
-    /// The connection that serves the verbs (see [`Bus`]).
-    service: async_nats::Client,
-    nats: Arc<NatsBackend>,
-    backend: Arc<dyn Backend>,
-    seat: Arc<Seat>,
-    current: Arc<Current>,
-}
-
 /// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
-async fn open(args: &Serve, bus: Bus, current: Arc<Current>) -> Result<Opened> {
+async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> Result<Shared> {
     let Bus { client, service } = bus;
     let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
     let options = crate::nats::Options {
@@ -190,7 +180,7 @@ async fn open(args: &Serve, bus: Bus, current: Arc<Current>) -> Result<Opened> {
             tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }
     }
-    Ok(Opened { client, service, nats, backend, seat, current })
+    Ok(Shared { client, service, nats, backend, seat, current, limits })
 }
 
 /// The tasks that run while the process does, and how to stop them.
@@ -203,36 +193,17 @@ struct Tasks {
 
 /// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
 /// registry timer, the component watcher and the signal handler.
-fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::trust::TrustKey>, limits: Limits) -> Tasks {
+fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::trust::TrustKey>) -> Tasks {
     let mut handles = Vec::new();
     handles.push(tokio::spawn(o.seat.clone().run()));
-    let (reconciler, reconciling) = Reconciler::start(o.current.clone(), o.backend.clone(), o.seat.clone(), limits);
+    let (reconciler, reconciling) = Reconciler::start(o);
     handles.push(reconciling);
-    handles.push(tokio::spawn(crate::plans::follow(o.current.clone(), o.backend.clone(), o.nats.changes().clone(), limits)));
+    handles.push(tokio::spawn(crate::plans::follow(o.clone())));
     handles.push(tokio::spawn(
-        crate::notices::Notifier {
-            client: o.client.clone(),
-            nats: o.nats.clone(),
-            backend: o.backend.clone(),
-            current: o.current.clone(),
-            events: o.nats.events().clone(),
-            plan_inputs: o.nats.changes().clone(),
-            seat: o.seat.clone(),
-            limits,
-        }
-        .run(),
+        crate::notices::Notifier { shared: o.clone() }.run(),
     ));
     handles.push(tokio::spawn(
-        crate::states::Recorder {
-            client: o.client.clone(),
-            nats: o.nats.clone(),
-            backend: o.backend.clone(),
-            current: o.current.clone(),
-            seat: o.seat.clone(),
-            limits,
-            sweep_every: args.state_sweep_every,
-        }
-        .run(),
+        crate::states::Recorder { shared: o.clone(), sweep_every: args.state_sweep_every }.run(),
     ));
 
     let (stop_tx, stop) = watch::channel(false);
@@ -248,7 +219,7 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
 
     let audits = Arc::new(crate::audit::Counts::default());
     handles.push(tokio::spawn(
-        crate::audit::Auditor { nats: o.nats.clone(), seat: o.seat.clone(), reconciler: reconciler.clone(), every: args.audit_every, counts: audits.clone() }.run(reconnections.clone()),
+        crate::audit::Auditor { shared: o.clone(), reconciler: reconciler.clone(), every: args.audit_every, counts: audits.clone() }.run(reconnections.clone()),
     ));
     // After a reconnect: mirrors replay, and the holder reconciles the registry.
     let (nats, r) = (o.nats.clone(), reconciler.clone());
@@ -275,11 +246,10 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
     }));
     handles.push(tokio::spawn(
         crate::reload::Reloader {
+            shared: o.clone(),
             path: args.component.clone(),
             runtime,
-            current: o.current.clone(),
             cache: args.connect.state_dir.join("components"),
-            limits,
             reconciler: reconciler.clone(),
             poll: !args.no_watch,
             trust,
@@ -291,7 +261,7 @@ fn start(args: &Serve, o: &Opened, mut reconnections: watch::Receiver<u64>, runt
 
 /// Stands by while another instance holds the seat; while this one holds it, reconciles at once
 /// and serves the verbs until the seat is lost or a signal stops the process.
-async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Option<&Server>, limits: Limits) -> Result<()> {
+async fn serve_while_held(args: &Serve, o: &Shared, tasks: &Tasks, embedded: Option<&Server>) -> Result<()> {
     let mut demo_done = !args.demo;
     let mut held = o.seat.subscribe();
     let mut stopping = tasks.stop.clone();
@@ -327,11 +297,7 @@ async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Opt
             }
         };
         let serving = crate::service::Serving {
-            client: o.service.clone(),
-            backend: o.backend.clone(),
-            current: o.current.clone(),
-            seat: Some(o.seat.clone()),
-            limits,
+            shared: o.clone(),
             max_in_flight: args.max_in_flight as usize,
             audits: tasks.audits.clone(),
         };
@@ -341,7 +307,7 @@ async fn serve_while_held(args: &Serve, o: &Opened, tasks: &Tasks, embedded: Opt
 
 /// Stops every task, gives the seat up (so a standby takes over at once), drains the
 /// connection and stops the embedded server.
-async fn shut_down(tasks: Tasks, o: &Opened, embedded: Option<Server>) {
+async fn shut_down(tasks: Tasks, o: &Shared, embedded: Option<Server>) {
     for t in &tasks.handles {
         t.abort();
     }

@@ -239,12 +239,8 @@ impl Micro {
 
 /// What serving stands on.
 pub struct Serving {
-    pub client: Client,
-    pub backend: Arc<dyn Backend>,
-    pub current: Arc<Current>,
-    /// The seat whose term each reply is checked against; none in tests and tools.
-    pub seat: Option<Arc<Seat>>,
-    pub limits: Limits,
+    /// Its `service` connection serves; its seat's term each reply is checked against.
+    pub shared: crate::shared::Shared,
     /// Requests answered at once; one more is shed with `503 overloaded`.
     pub max_in_flight: usize,
     /// The mirrors' audits, for `$SRV.STATS`.
@@ -254,7 +250,9 @@ pub struct Serving {
 /// Serves until `shutdown` resolves: the endpoint and the `$SRV` subjects, on subscriptions
 /// that outlive any swap of the component.
 pub async fn serve(serving: Serving, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let Serving { client, backend, current, seat, limits, max_in_flight, audits } = serving;
+    let Serving { shared, max_in_flight, audits } = serving;
+    let crate::shared::Shared { service: client, backend, current, seat, limits, .. } = shared;
+    let seat = Some(seat);
     let max_in_flight = max_in_flight.max(1);
     let micro = Micro::new(current.clone(), seat, backend.clone(), audits)?;
     let sub_err = |e: async_nats::SubscribeError| Error::new(ErrorKind::Unavailable, format!("subscribing: {e}"));

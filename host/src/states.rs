@@ -15,12 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::backend::{Backend, STATES_BUCKET};
+use crate::backend::STATES_BUCKET;
 use crate::changes::{Changes, Split};
-use crate::current::Current;
 use crate::error::ErrorKind;
 use crate::runtime::{Change, Limits, TransitionReport};
-use crate::seat::Seat;
 
 /// The subject a node's state changes are published on, before the node's name.
 pub const EVENT_PREFIX: &str = "mesh-provisioner.event.";
@@ -50,26 +48,21 @@ fn start_sweep(changes: &Changes) -> Vec<Change> {
 
 /// Who decides, writes and publishes.
 pub struct Recorder {
-    pub client: async_nats::Client,
-    pub nats: Arc<crate::nats::NatsBackend>,
-    pub backend: Arc<dyn Backend>,
-    pub current: Arc<Current>,
-    pub seat: Arc<Seat>,
-    pub limits: Limits,
+    pub shared: crate::shared::Shared,
     /// How often every module is looked at again (discovery changes no bucket).
     pub sweep_every: Duration,
 }
 
 impl Recorder {
     fn changes(&self) -> &Arc<Changes> {
-        self.nats.state_changes()
+        self.shared.nats.state_changes()
     }
 
     /// Follows the guest's status inputs and records and publishes state changes while the
     /// seat is held.
     pub async fn run(self) {
-        let limits = Limits { deadline: self.limits.deadline.max(DEADLINE), ..self.limits };
-        let (mut swapped, mut held) = (self.current.subscribe(), self.seat.subscribe());
+        let limits = Limits { deadline: self.shared.limits.deadline.max(DEADLINE), ..self.shared.limits };
+        let (mut swapped, mut held) = (self.shared.current.subscribe(), self.shared.seat.subscribe());
         let mut following = String::new();
         let mut timer = tokio::time::interval(self.sweep_every.max(Duration::from_secs(1)));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -77,9 +70,9 @@ impl Recorder {
         let mut own: Vec<Change> = Vec::new();
         let mut was_held = false;
         loop {
-            let loaded = self.current.get();
+            let loaded = self.shared.current.get();
             if loaded.guest.digest() != following {
-                match loaded.guest.status_inputs(self.backend.clone(), limits).await {
+                match loaded.guest.status_inputs(self.shared.backend.clone(), limits).await {
                     Ok(inputs) => {
                         tracing::info!(?inputs, "following the buckets module states depend on");
                         self.changes().set_patterns(inputs);
@@ -94,7 +87,7 @@ impl Recorder {
                     }
                 }
             }
-            let is_held = self.seat.is_held();
+            let is_held = self.shared.seat.is_held();
             if is_held && !was_held {
                 // Taken (or retaken): whatever changed while another held it, or none did.
                 own.extend(start_sweep(self.changes()));
@@ -110,7 +103,7 @@ impl Recorder {
             } else {
                 Vec::new()
             };
-            if !self.seat.is_held() {
+            if !self.shared.seat.is_held() {
                 // A standby decides nothing; what it saw, the next holder sweeps.
                 own.clear();
                 continue;
@@ -135,12 +128,12 @@ impl Recorder {
         let mut again = Vec::new();
         let mut work = Split::new(batch);
         while let Some(batch) = work.next() {
-            if !self.seat.is_held() {
+            if !self.shared.seat.is_held() {
                 break;
             }
             let now = crate::service::rfc3339(SystemTime::now());
             let started = Instant::now();
-            let report = match guest.transitions(self.backend.clone(), limits, &batch, &now).await {
+            let report = match guest.transitions(self.shared.backend.clone(), limits, &batch, &now).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
                     tracing::warn!(changes = batch.len(), "finding module states failed: {e}; asking again");
@@ -175,10 +168,10 @@ impl Recorder {
         let (mut published, mut failed) = (0usize, false);
         for t in &report.transitions {
             // Checked for each: a holder that lost the seat writes and tells nothing more.
-            if !self.seat.is_held() {
+            if !self.shared.seat.is_held() {
                 break;
             }
-            match self.nats.write_state(&t.key, t.value.clone(), t.expected).await {
+            match self.shared.nats.write_state(&t.key, t.value.clone(), t.expected).await {
                 Ok(()) => {
                     m.state_records.inc();
                 }
@@ -198,7 +191,7 @@ impl Recorder {
                 tracing::warn!(node = t.node, "the guest named a node that is not a subject token: no event sent");
                 continue;
             };
-            match self.client.publish(subject, body.clone().into()).await {
+            match self.shared.client.publish(subject, body.clone().into()).await {
                 Ok(()) => {
                     published += 1;
                     m.state_events.get_or_create(&crate::metrics::State { state: label(&t.state) }).inc();
@@ -207,7 +200,7 @@ impl Recorder {
             }
         }
         if published > 0 {
-            let _ = self.client.flush().await;
+            let _ = self.shared.client.flush().await;
             tracing::info!(computed = report.computed, records = report.transitions.len(), published, "module state changes published");
         }
         if failed {
