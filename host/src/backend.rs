@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use crate::error::{Error, ErrorKind, Result};
 use crate::kept::KeptPlans;
 use crate::mirror::Mirror;
+pub use crate::holds::Holds;
 
 /// The bucket the registry writer addresses; the only bucket the guest can write.
 pub const REGISTRY_BUCKET: &str = "mesh-provisioner_registry";
@@ -57,31 +58,6 @@ pub trait Backend: Send + Sync + 'static {
 pub struct Count {
     pub responders: u32,
     pub holds: Option<Holds>,
-}
-
-/// How long something a backend answered stays what it would answer again: until an instant,
-/// and, when tied to a counter (streams announced created), while the counter has not moved.
-/// A read says it itself, so nothing asks the backend afterwards (the reply cache keeps a reply
-/// only while every read's [`Holds`] holds).
-#[derive(Debug, Clone)]
-pub struct Holds {
-    until: std::time::Instant,
-    counter: Option<(Arc<std::sync::atomic::AtomicU64>, u64)>,
-}
-
-impl Holds {
-    pub fn until(until: std::time::Instant) -> Holds {
-        Holds { until, counter: None }
-    }
-
-    /// ... and only while `counter` is still at `seen`.
-    pub fn while_at(self, counter: Arc<std::sync::atomic::AtomicU64>, seen: u64) -> Holds {
-        Holds { counter: Some((counter, seen)), ..self }
-    }
-
-    pub fn holds(&self) -> bool {
-        std::time::Instant::now() < self.until && self.counter.as_ref().is_none_or(|(c, seen)| c.load(std::sync::atomic::Ordering::Acquire) == *seen)
-    }
 }
 
 /// A service name as discovery asks it: one subject token, no wildcard, checked before the bus

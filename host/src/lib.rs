@@ -19,6 +19,7 @@ pub mod embedded;
 pub mod error;
 pub mod events;
 pub mod files;
+pub mod holds;
 pub mod http;
 pub mod kept;
 pub mod logging;

@@ -241,7 +241,7 @@ pub struct Mirror {
     retired: std::sync::atomic::AtomicBool,
     /// Set on a one-off mirror, never served again (a bucket read as missing from the listing
     /// of the bus's buckets): how long that answer holds, if the backend can say.
-    once: std::sync::OnceLock<Option<crate::backend::Holds>>,
+    once: std::sync::OnceLock<Option<crate::holds::Holds>>,
 }
 
 /// How long what was read in a mirror stays what a read now would find (the reply cache).
@@ -250,8 +250,8 @@ pub enum Holding {
     /// A mirror its backend serves and keeps current: while its version does not move and it
     /// is not retired.
     Served,
-    /// A one-off answer: while the [`Holds`](crate::backend::Holds) holds.
-    While(crate::backend::Holds),
+    /// A one-off answer: while the [`Holds`](crate::holds::Holds) holds.
+    While(crate::holds::Holds),
     /// A one-off answer nothing says how long holds.
     Never,
 }
@@ -288,7 +288,7 @@ impl Mirror {
 
     /// An empty mirror of a bucket that does not exist, served once: the answer of a listing of
     /// the bus's buckets, holding as long as `holds` says (never, when `None`).
-    pub fn missing_once(holds: Option<crate::backend::Holds>) -> Self {
+    pub fn missing_once(holds: Option<crate::holds::Holds>) -> Self {
         let m = Self::new();
         m.set_missing(true);
         m.set_ready(true);

@@ -79,3 +79,89 @@ fn no_guest_module_reaches_back_to_itself() {
     let circles: Vec<String> = graph.keys().filter_map(|m| circle(&graph, m)).map(|c| c.join(" -> ")).collect();
     assert!(circles.is_empty(), "guest modules in a circle:\n{}", circles.join("\n"));
 }
+
+/// Every host source file outside `#[cfg(test)]` modules, by path below `host/src`.
+fn host_code() -> Vec<(String, String)> {
+    let src = tests::root().join("host/src");
+    let mut out = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a source folder") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("a source file");
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default().to_string();
+                out.push((path.strip_prefix(&src).expect("under src").to_string_lossy().to_string(), code));
+            }
+        }
+    }
+    assert!(out.len() > 20, "found only {} host files", out.len());
+    out
+}
+
+/// Lines of `code` that are not comments.
+fn code_lines(code: &str) -> impl Iterator<Item = &str> {
+    code.lines().map(str::trim).filter(|l| !l.starts_with("//"))
+}
+
+#[test]
+fn the_host_knows_no_key_shape() {
+    // The guest's crate is not a dependency of the host: no parser of it can be called.
+    let manifest = std::fs::read_to_string(tests::root().join("host/Cargo.toml")).expect("host/Cargo.toml");
+    assert!(!manifest.lines().any(|l| l.trim_start().starts_with("guest")), "the host depends on the guest crate");
+    // Nor is one written again: no escape decoded, no token of a key read past the writer's.
+    // (`demo.rs` writes a fixed mesh as a node client would: data, never read back.)
+    let tells = ["from_str_radix", "=2E", "=3A", "parse_need", "parse_applied", "parse_collect", "parse_registry", "split('.').nth(1", "split('.').nth(2"];
+    let found: Vec<String> = host_code()
+        .iter()
+        .filter(|(file, _)| file != "demo.rs")
+        .flat_map(|(file, code)| code_lines(code).filter(|l| tells.iter().any(|t| l.contains(t))).map(move |l| format!("{file}: {l}")).collect::<Vec<_>>())
+        .collect();
+    assert!(found.is_empty(), "the host reads a key's shape:\n{}", found.join("\n"));
+}
+
+#[test]
+fn no_host_code_branches_on_an_errors_text() {
+    let tells = [".message().contains(", ".message().starts_with(", "to_string().contains(", "to_string().starts_with(", "}\").contains("];
+    let found: Vec<String> = host_code()
+        .iter()
+        .flat_map(|(file, code)| code_lines(code).filter(|l| tells.iter().any(|t| l.contains(t))).map(move |l| format!("{file}: {l}")).collect::<Vec<_>>())
+        .collect();
+    assert!(found.is_empty(), "branching on an error's text, not its kind:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_host_runs_on_one_thread() {
+    let main = host_code().into_iter().find(|(f, _)| f == "main.rs").expect("main.rs").1;
+    assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "main.rs does not run on one thread");
+    let threaded: Vec<String> = host_code()
+        .iter()
+        .flat_map(|(file, code)| code_lines(code).filter(|l| l.contains("new_multi_thread") || l.contains("flavor = \"multi_thread\"")).map(move |l| format!("{file}: {l}")).collect::<Vec<_>>())
+        .collect();
+    assert!(threaded.is_empty(), "{}", threaded.join("\n"));
+}
+
+/// Where the test `file::name` (or `file::module::name`) ARCHITECTURE.md names should be: a
+/// test binary of `tests/tests`, or a module of the guest.
+fn test_exists(path: &str) -> bool {
+    let parts: Vec<&str> = path.split("::").collect();
+    let (Some(file), Some(name)) = (parts.first(), parts.last()) else { return false };
+    let candidates = [format!("tests/tests/{file}.rs"), format!("guest/src/{file}.rs")];
+    candidates.iter().filter_map(|c| std::fs::read_to_string(tests::root().join(c)).ok()).any(|text| text.contains(&format!("fn {name}(")))
+}
+
+#[test]
+fn every_architecture_invariant_names_a_test_that_exists() {
+    let doc = std::fs::read_to_string(tests::root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let invariants: Vec<&str> = doc.split("**Architecture Invariant:**").skip(1).map(|p| p.split("\n\n").next().unwrap_or_default()).collect();
+    assert!(invariants.len() >= 20, "found {} invariants", invariants.len());
+    for inv in invariants {
+        let named: Vec<&str> = inv.split('`').skip(1).step_by(2).filter(|s| s.contains("::") && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':')).collect();
+        assert!(!named.is_empty(), "an invariant names no test:\n{inv}");
+        for t in named {
+            assert!(test_exists(t), "ARCHITECTURE.md names {t}, which is no test:\n{inv}");
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! What a node's `status` costs a module, in the component and natively, against its floor:
+//! the needs verb reading the same keys (the same modules' needs, the same page size). The
+//! mesh is the bus bench's (node alpha, modules of nine config needs and a secret, nothing
+//! applied or assigned) and, beside it, one where every module is assigned, applied and planned
+//! from a published composition. A benchmark, not a test: it prints figures.
+//!
+//! `cargo bench -p tests --bench status` (after `cargo build -p guest --target wasm32-wasip2 --release`)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_provisioner::backend::{Backend, MemoryBackend};
+use mesh_provisioner::runtime::{Limits, Options, ReplyCode, Runtime};
+use tests::native::Native;
+
+const MODULES: usize = 2000;
+const PAGE: usize = 200;
+const ROUNDS: usize = 5;
+
+fn mesh(planned: bool) -> Arc<MemoryBackend> {
+    let b = MemoryBackend::new();
+    b.set_responders("mesh-vault", 1);
+    let composed = tests::sample_composition();
+    for m in 0..MODULES {
+        let module = format!("m{m:06}");
+        for k in 0..10 {
+            let key = if k == 9 { format!("alpha.{module}.secret.name{k}") } else { format!("alpha.{module}.config.name{k}") };
+            b.put("mesh-provisioner_needs", &key, br#"{"placeholder":"${config:x}","part":"api"}"#);
+        }
+        if planned {
+            b.put("mesh-controller_assignments", &format!("alpha.{module}"), br#"{"want":"b1"}"#);
+            b.put("composed-alpha", &format!("{module}.b1"), composed.as_bytes());
+            b.put("mesh-provisioner_applied", &format!("alpha.{module}"), br#"{"build":"b1","needs":10}"#);
+            b.put("mesh-config_values", &format!("alpha.{module}.name0"), b"x");
+        }
+    }
+    b
+}
+
+/// Every page of `query` (a `what` for node alpha, `PAGE` a page), answered by `ask`: the time
+/// in all and the lines listed.
+fn pages(what: &str, limit: usize, mut ask: impl FnMut(&[u8]) -> Vec<u8>) -> (Duration, usize) {
+    let mut q = serde_json::json!({"what": what, "node": "alpha", "limit": limit});
+    let (start, mut lines) = (Instant::now(), 0);
+    loop {
+        let body = ask(q.to_string().as_bytes());
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        let n = v["entries"].as_array().map_or(0, Vec::len);
+        assert!(n > 0, "an empty page: {v}");
+        lines += n;
+        match v.get("next") {
+            Some(next) => q["after"] = next.clone(),
+            None => return (start.elapsed(), lines),
+        }
+    }
+}
+
+fn best(mut run: impl FnMut() -> (Duration, usize)) -> (Duration, usize) {
+    (0..ROUNDS).map(|_| run()).min_by_key(|(d, _)| *d).expect("rounds")
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    // Every request calls the guest: the cost of an answer, not of a kept one.
+    let runtime = Runtime::with_options(Options { reply_cache: false, ..Options::default() }).expect("runtime");
+    let guest = runtime.load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
+    for (label, planned) in [("needs only (the bus bench's mesh)", false), ("assigned, applied and planned", true)] {
+        let b = mesh(planned);
+        let backend: Arc<dyn Backend> = b.clone();
+        let native = Native(b.clone());
+        let wasm = |what: &str, limit: usize| {
+            best(|| {
+                pages(what, limit, |q| {
+                    let r = rt.block_on(guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", q, 1 << 20)).expect("call");
+                    assert_eq!(r.code, ReplyCode::Ok, "{}", String::from_utf8_lossy(&r.body));
+                    r.body.to_vec()
+                })
+            })
+        };
+        let natively = |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
+        // The floor: the same modules' needs, read through the verb in pages of as many keys.
+        let (floor, keys) = wasm("needs", PAGE * 10);
+        let (status, modules) = wasm("status", PAGE);
+        let (floor_native, _) = natively("needs", PAGE * 10);
+        let (status_native, _) = natively("status", PAGE);
+        let per = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
+        println!("{MODULES} modules of node alpha × 10 needs, {label}; pages of {PAGE} modules (status) or {} keys (needs):", PAGE * 10);
+        println!(
+            "  component: status {:.1} µs a module; its floor, the needs of a module ({} keys), {:.1} µs: {:.2}×",
+            per(status, modules),
+            keys / modules,
+            per(floor, modules),
+            status.as_secs_f64() / floor.as_secs_f64()
+        );
+        println!(
+            "  native:    status {:.1} µs a module; the needs of a module {:.1} µs: {:.2}×; the component's status is {:.2}× the native",
+            per(status_native, modules),
+            per(floor_native, modules),
+            status_native.as_secs_f64() / floor_native.as_secs_f64(),
+            status.as_secs_f64() / status_native.as_secs_f64()
+        );
+    }
+}
