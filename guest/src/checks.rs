@@ -110,13 +110,34 @@ impl Provider {
     }
 }
 
-/// Each provider's assignments as looked up once for a whole answer: every module of a page
-/// that needs a secret asks about the same service.
-pub(crate) type Providers = std::collections::BTreeMap<String, Result<Provider, HostError>>;
+/// What one answer asks of its host at most once, however many of its modules need it: each
+/// provider's assignments, each bucket's existence, each service's responders (every module of
+/// a page reads the same values bucket and asks about the same service). An answer is one
+/// reading of the mesh, so each is asked once within it.
+#[derive(Default)]
+pub(crate) struct Providers {
+    providers: std::collections::BTreeMap<String, Result<Provider, HostError>>,
+    exists: std::collections::BTreeMap<String, Result<bool, HostError>>,
+    responders: std::collections::BTreeMap<String, Result<u32, HostError>>,
+}
+
+impl Providers {
+    pub fn new() -> Providers {
+        Providers::default()
+    }
+
+    fn exists(&mut self, env: &dyn Env, bucket: &str) -> Result<bool, HostError> {
+        self.exists.entry(bucket.to_string()).or_insert_with(|| env.exists(bucket)).clone()
+    }
+
+    fn responders(&mut self, env: &dyn Env, service: &str) -> Result<u32, HostError> {
+        self.responders.entry(service.to_string()).or_insert_with(|| env.responders(service)).clone()
+    }
+}
 
 /// [`provider`], looked up at most once across calls sharing `asked`.
 fn provider_once(env: &dyn Env, module: &str, asked: &mut Providers) -> Result<Provider, HostError> {
-    asked.entry(module.to_string()).or_insert_with(|| provider(env, module)).clone()
+    asked.providers.entry(module.to_string()).or_insert_with(|| provider(env, module)).clone()
 }
 
 /// Where `module` is assigned (the controller's `<node>.<module>` keys) and whether it is
@@ -207,7 +228,7 @@ pub(crate) fn check(
         Resolved::Verb { domain, verb } => {
             let place = Place::Verb { domain: domain.to_string(), verb: verb.to_string() };
             let assigned = provider_once(env, domain, providers);
-            let (check, why) = match (env.responders(domain), &assigned) {
+            let (check, why) = match (providers.responders(env, domain), &assigned) {
                 (Ok(n), _) if n > 0 => (Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
                 (Err(e), _) => (Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
                 (Ok(_), Err(e)) => (Check::Unknown, format!("no instance of {domain} answers discovery, and its assignments could not be read now: {e}")),
@@ -247,7 +268,7 @@ pub(crate) fn check(
                     Ok(p) => provided_by = Some(p),
                 }
             }
-            let (check, why) = match env.exists(&bucket) {
+            let (check, why) = match providers.exists(env, &bucket) {
                 Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
                 Ok(false) if provided => {
                     let on = provided_by.as_ref().and_then(|p| p.applied_on()).unwrap_or_default().to_string();

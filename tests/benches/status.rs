@@ -80,13 +80,16 @@ fn main() {
         let natively = |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
         // The floor: the same modules' needs, read through the verb in pages of as many keys.
         let (floor, keys) = wasm("needs", PAGE * 10);
+        let before = b.reads();
         let (status, modules) = wasm("status", PAGE);
+        // Every store import (get, scan, exists, health) a module's status made, over the rounds.
+        let imports = (b.reads() - before) as f64 / (modules * ROUNDS) as f64;
         let (floor_native, _) = natively("needs", PAGE * 10);
         let (status_native, _) = natively("status", PAGE);
         let per = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
         println!("{MODULES} modules of node alpha × 10 needs, {label}; pages of {PAGE} modules (status) or {} keys (needs):", PAGE * 10);
         println!(
-            "  component: status {:.1} µs a module; its floor, the needs of a module ({} keys), {:.1} µs: {:.2}×",
+            "  component: status {:.1} µs a module ({imports:.1} store imports); its floor, the needs of a module ({} keys), {:.1} µs: {:.2}×",
             per(status, modules),
             keys / modules,
             per(floor, modules),
