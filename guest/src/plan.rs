@@ -166,14 +166,17 @@ pub struct Plan {
     /// directory read-only or full): until it can, a refusal after a restart holds the module
     /// on an older plan, or leaves it waiting.
     pub not_kept: Option<String>,
+    /// The module's applied record as read for `have` (a status reads it once).
+    pub applied: Option<crate::env::Entry>,
 }
 
-/// Whether `key` of `bucket` holds a record, and its `field` read as a build.
-fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(bool, Source), HostError> {
+/// The record at `key` of `bucket`, if any, and its `field` read as a build.
+fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(Option<crate::env::Entry>, Source), HostError> {
     let Some(e) = env.get(bucket, key)? else {
-        return Ok((false, Source::Absent));
+        return Ok((None, Source::Absent));
     };
-    Ok((true, field_of(bucket, key, &e.value, field)))
+    let build = field_of(bucket, key, &e.value, field);
+    Ok((Some(e), build))
 }
 
 /// `field` of a record as a build.
@@ -234,8 +237,9 @@ fn composition(env: &dyn Env, node: &str, module: &str, build: &str) -> Result<C
 /// published; without it (the read-only verb), the kept plan is read only when needed.
 pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result<Plan, HostError> {
     let pair = format!("{node}.{module}");
-    let (assigned, want) = source(env, ASSIGNMENTS, &pair, "want")?;
+    let (assignment, want) = source(env, ASSIGNMENTS, &pair, "want")?;
     let (applied, have) = source(env, APPLIED, &pair, "build")?;
+    let assigned = assignment.is_some();
     let (_, newest) = source(env, BUILDS, module, "newest")?;
 
     // The first entry: the want, or with no want the have; then the newest if another build.
@@ -250,7 +254,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     // follow their buckets).
     match reads.first_mut() {
         Some((roles, first)) if *first == newest => roles.push("newest"),
-        _ if newest != Source::Absent && (assigned || applied) => reads.push((vec!["newest"], newest.clone())),
+        _ if newest != Source::Absent && (assigned || applied.is_some()) => reads.push((vec!["newest"], newest.clone())),
         _ => {}
     }
 
@@ -318,6 +322,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
         entries,
         to_keep,
         not_kept: env.keep_failure(node, module),
+        applied,
     })
 }
 

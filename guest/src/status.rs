@@ -141,7 +141,8 @@ fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Re
     let mut out_of_shape = Vec::new();
     let mut revision = 0;
 
-    let applied = env.get(APPLIED, &pair)?;
+    // Read once, for the plan's `have`.
+    let applied = plan.applied.clone();
     revision = applied.as_ref().map_or(revision, |e| e.revision.max(revision));
     let record = applied.as_ref().map(|e| applied_record(&e.value));
 
