@@ -181,17 +181,21 @@ fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(Option
 
 /// `field` of a record as a build.
 fn field_of(bucket: &str, key: &str, value: &[u8], field: &str) -> Source {
-    let v: Value = match serde_json::from_slice(value) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => return Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
+    // The one field, not a tree of the record: read for every module a status lists.
+    let raw = match crate::value::field(value, field) {
+        Ok(raw) => raw,
+        Err(()) => return Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
     };
-    match v.get(field) {
-        None | Some(Value::Null) => Source::Absent,
-        Some(Value::String(b)) => match identifier_problem(b) {
-            None => Source::Build(b.clone()),
+    let Some(raw) = raw else { return Source::Absent };
+    match serde_json::from_str::<Value>(raw.get()) {
+        Ok(Value::Null) => Source::Absent,
+        Ok(Value::String(b)) => match identifier_problem(&b) {
+            None => Source::Build(b),
             Some(p) => Source::Odd(format!("{bucket} {key:?}: `{field}` {p}")),
         },
-        Some(other) => Source::Odd(format!("{bucket} {key:?}: `{field}` is not a build name: {}", shorten(&other.to_string()))),
+        Ok(other) => Source::Odd(format!("{bucket} {key:?}: `{field}` is not a build name: {}", shorten(&other.to_string()))),
+        // Read already by `field`: never reached.
+        Err(_) => Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
     }
 }
 

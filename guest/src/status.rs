@@ -152,7 +152,7 @@ fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Re
         revision = revision.max(e.revision);
         match parse_need(&e.key) {
             Ok(k) => {
-                let part = serde_json::from_slice::<Value>(&e.value).ok().and_then(|v| v.get("part").and_then(Value::as_str).map(str::to_string));
+                let part = crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
                 needs.push((Need { kind: k.kind, name: k.name, part }, true, false));
             }
             Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),

@@ -11,6 +11,103 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+/// The last value of `name` in `bytes` read as one JSON object, without building the object
+/// (as serde_json's `Value` reads it: a repeated field is its last, the same depth limit); `Err`
+/// when `bytes` is not exactly one JSON object. A record's one field read this way costs no
+/// tree of the rest (a status reads a `part`, a `want`, a `build` from every module's records).
+pub fn field<'a>(bytes: &'a [u8], name: &str) -> Result<Option<&'a RawValue>, ()> {
+    struct Field<'n>(&'n str);
+    impl<'de> de::DeserializeSeed<'de> for Field<'_> {
+        type Value = Option<&'de RawValue>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Field<'_> {
+        type Value = Option<&'de RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(is) = map.next_key_seed(Is(self.0))? {
+                if is {
+                    let raw = map.next_value::<&RawValue>()?;
+                    // Kept as it is, but read as a tree would read it (a lone surrogate in a
+                    // string fails the record either way).
+                    serde_json::from_str::<Checked>(raw.get()).map_err(de::Error::custom)?;
+                    found = Some(raw);
+                } else {
+                    map.next_value::<Checked>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    /// Any JSON value, read (strings decoded, so refused where a tree refuses them) and dropped.
+    struct Checked;
+    impl<'de> Deserialize<'de> for Checked {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+            d.deserialize_any(Checked)
+        }
+    }
+    impl<'de> Visitor<'de> for Checked {
+        type Value = Checked;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_unit<E>(self) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+            while seq.next_element::<Checked>()?.is_some() {}
+            Ok(Checked)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+            while map.next_key::<Checked>()?.is_some() {
+                map.next_value::<Checked>()?;
+            }
+            Ok(Checked)
+        }
+    }
+    /// Whether a key is `name`, read without copying it.
+    struct Is<'n>(&'n str);
+    impl<'de> de::DeserializeSeed<'de> for Is<'_> {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Is<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+            Ok(key == self.0)
+        }
+    }
+    let mut d = serde_json::Deserializer::from_slice(bytes);
+    let found = de::DeserializeSeed::deserialize(Field(name), &mut d).map_err(|_| ())?;
+    d.end().map_err(|_| ())?;
+    Ok(found)
+}
+
 /// `v` as JSON text. Serializing the answers' own structs cannot fail (string keys only, no
 /// fallible `Serialize`); were it ever to, the text says so instead of panicking.
 pub fn to_json<T: Serialize + ?Sized>(v: &T) -> String {
@@ -194,6 +291,54 @@ mod tests {
     fn encodes_base64_like_rfc_4648() {
         for (input, want) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
             assert_eq!(base64(input.as_bytes()), want);
+        }
+    }
+
+    /// [`field`] reads what a `Value` tree reads, whatever the bytes.
+    fn by_tree(bytes: &[u8], name: &str) -> Result<Option<serde_json::Value>, ()> {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(serde_json::Value::Object(o)) => Ok(o.get(name).cloned()),
+            _ => Err(()),
+        }
+    }
+
+    #[test]
+    fn reads_one_field_as_a_tree_would() {
+        let cases: [&[u8]; 14] = [
+            br#"{"part":"api","x":[1,{"y":2}]}"#,
+            br#"{"part":"a","part":"b"}"#,
+            br#"{"p\u0061rt":"escaped key"}"#,
+            br#"{"x":1}"#,
+            br#"{"part":null}"#,
+            br#"{"part":[1, 2]}"#,
+            br#"[{"part":"a"}]"#,
+            br#""part""#,
+            br#"{"part":"a"} trailing"#,
+            br#"{"part":"a"}  "#,
+            br#"{"part":"a",}"#,
+            b"not json",
+            b"",
+            br#"{"x":"\ud800"}"#,
+        ];
+        for c in cases {
+            let got = field(c, "part").map(|o| o.map(|r| serde_json::from_str::<serde_json::Value>(r.get()).expect("a value")));
+            assert_eq!(got, by_tree(c, "part"), "{}", String::from_utf8_lossy(c));
+        }
+        let deep = format!("{{\"x\":{}1{}}}", "[".repeat(200), "]".repeat(200));
+        assert_eq!(field(deep.as_bytes(), "part").is_err(), by_tree(deep.as_bytes(), "part").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reads_any_bytes_as_a_tree_would(
+            keys in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just("part".to_string()), "[a-z]{0,3}"], 0..5),
+            values in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just("\"s\"".to_string()), proptest::strategy::Just("null".to_string()), proptest::strategy::Just("[1,{}]".to_string()), proptest::strategy::Just("\"\\ud800\"".to_string()), proptest::strategy::Just("{\"\\u00e9\":[\"\\ud800\"]}".to_string()), proptest::strategy::Just("1e400".to_string()), "[0-9]{1,3}", "[ -~]{0,6}"], 5),
+            tail in proptest::prop_oneof![proptest::strategy::Just(String::new()), proptest::strategy::Just(" ".to_string()), "[ -~]{0,3}"],
+        ) {
+            let body: Vec<String> = keys.iter().zip(&values).map(|(k, v)| format!("{k:?}:{v}")).collect();
+            let text = format!("{{{}}}{tail}", body.join(","));
+            let got = field(text.as_bytes(), "part").map(|o| o.map(|r| serde_json::from_str::<serde_json::Value>(r.get()).expect("a value")));
+            proptest::prop_assert_eq!(got, by_tree(text.as_bytes(), "part"), "{}", text);
         }
     }
 }

@@ -348,7 +348,18 @@ async fn a_failed_reconcile_is_retried_within_seconds_not_at_the_next_tick() {
     // The operator fixes the grant; the registry is written on the next try (the timer ticks
     // hourly).
     server.reload(&REGISTRY_DENIED.replace(r#", deny: ["$KV.mesh-provisioner_registry.>"]"#, ""));
-    let client = async_nats::ConnectOptions::with_user_and_password("prov".into(), "prov-pw".into()).connect(&url).await.unwrap();
+    // While the server applies the reload its users are briefly being replaced: a login then
+    // may be refused (seen once in CI); ask again, for a bounded while.
+    let start = std::time::Instant::now();
+    let client = loop {
+        match async_nats::ConnectOptions::with_user_and_password("prov".into(), "prov-pw".into()).connect(&url).await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(start.elapsed() < Duration::from_secs(10), "the reloaded server never took the login: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
     let js = async_nats::jetstream::new(client);
     let start = std::time::Instant::now();
     loop {
