@@ -12,7 +12,6 @@
 //! cannot be made now is `unknown`, never passing. The module's state follows, `blocked` first,
 //! then `degraded`. Everything here is decided in the guest; the host only answers reads.
 
-use serde_json::Value;
 
 use crate::env::{Env, Health, HostError};
 use crate::escape::shorten;
@@ -556,6 +555,7 @@ impl<'a> NeedLine<'a> {
 mod out_of_shape {
     use super::*;
     use crate::fuzzing::MemEnv;
+    use serde_json::Value;
     use proptest::prelude::*;
 
     /// Every `(bucket, key)` of the assignments and applied buckets a status listing says: a
