@@ -35,54 +35,14 @@ pub fn field<'a>(bytes: &'a [u8], name: &str) -> Result<Option<&'a RawValue>, ()
                     let raw = map.next_value::<&RawValue>()?;
                     // Kept as it is, but read as a tree would read it (a lone surrogate in a
                     // string fails the record either way).
-                    serde_json::from_str::<Checked>(raw.get()).map_err(de::Error::custom)?;
+                    serde_json::from_str::<Readable>(raw.get()).map_err(de::Error::custom)?;
                     found = Some(raw);
                 } else {
-                    map.next_value::<Checked>()?;
+                    // Read as a tree would read it (strings decoded), and dropped.
+                    map.next_value::<Readable>()?;
                 }
             }
             Ok(found)
-        }
-    }
-    /// Any JSON value, read (strings decoded, so refused where a tree refuses them) and dropped.
-    struct Checked;
-    impl<'de> Deserialize<'de> for Checked {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
-            d.deserialize_any(Checked)
-        }
-    }
-    impl<'de> Visitor<'de> for Checked {
-        type Value = Checked;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_unit<E>(self) -> Result<Checked, E> {
-            Ok(Checked)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-            while seq.next_element::<Checked>()?.is_some() {}
-            Ok(Checked)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-            while map.next_key::<Checked>()?.is_some() {
-                map.next_value::<Checked>()?;
-            }
-            Ok(Checked)
         }
     }
     /// Whether a key is `name`, read without copying it.
