@@ -242,6 +242,14 @@ pub struct Serve {
     /// differ); also done after every reconnect.
     #[arg(long, env = "MESH_PROVISIONER_AUDIT_EVERY", default_value = "1m", value_parser = parse_duration)]
     pub audit_every: Duration,
+    /// How often each mirror whose bucket changed is written to the state directory
+    /// (`mirrors/`), and written at shutdown: a restart loads it and resumes the bucket's watch
+    /// after it instead of replaying the whole bucket.
+    #[arg(long, env = "MESH_PROVISIONER_SNAPSHOT_EVERY", default_value = "1m", value_parser = parse_duration)]
+    pub snapshot_every: Duration,
+    /// Neither write nor load snapshots of the mirrors: every start replays every bucket.
+    #[arg(long, env = "MESH_PROVISIONER_NO_SNAPSHOTS")]
+    pub no_snapshots: bool,
     /// How often every module's state is found again while holding the seat (a verb's service
     /// starting or stopping changes no bucket); changes of the buckets are followed as they
     /// come. A sweep never takes more than about half of a core, however large the mesh.

@@ -10,15 +10,23 @@ use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path`, readable by this user alone, atomically.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_private_with(path, |f| f.write_all(bytes))
+}
+
+/// Writes what `write` writes to `path`, readable by this user alone, atomically: the file is
+/// replaced only if `write` succeeds (an error leaves the old file as it was).
+pub fn write_private_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let tmp = unique_beside(path)?;
     let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut buffered)?;
+        let f = buffered.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

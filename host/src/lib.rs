@@ -37,6 +37,7 @@ pub mod secrets;
 pub mod serve;
 pub mod service;
 pub mod shared;
+pub mod snapshot;
 pub mod states;
 pub mod sync;
 pub mod trust;

@@ -21,7 +21,7 @@
 //! them within a budget.
 
 use crate::sync::{Locked, ReadWrite};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -166,9 +166,10 @@ impl ByToken {
 #[derive(Debug, Default)]
 struct State {
     entries: BTreeMap<Arc<str>, Stored>,
-    /// Keys whose last message is a delete or purge marker: the stream still holds a message
-    /// on their subject, so they count in its subjects (see [`Census`]).
-    tombstones: HashSet<Arc<str>>,
+    /// Keys whose last message is a delete or purge marker, with the marker's revision: the
+    /// stream still holds a message on their subject, so they count in its subjects (see
+    /// [`Census`]) until that message is gone from the stream.
+    tombstones: HashMap<Arc<str>, u64>,
     /// Built on the first scan that needs each (see the module's doc), then kept.
     by_token: Vec<ByToken>,
     /// The hasher every index of this mirror uses (random per mirror).
@@ -176,6 +177,9 @@ struct State {
     /// The bytes of the keys and values held (for metrics and the memory goal).
     bytes: usize,
     revision: u64,
+    /// The creation time of the stream these contents come from, in nanoseconds since the Unix
+    /// epoch: its identity (a bucket made anew is a new stream with new revisions).
+    origin: Option<i128>,
     ready: bool,
     /// The bucket does not exist (the mirror is then empty).
     missing: bool,
@@ -242,6 +246,9 @@ pub struct Mirror {
     /// Set on a one-off mirror, never served again (a bucket read as missing from the listing
     /// of the bus's buckets): how long that answer holds, if the backend can say.
     once: std::sync::OnceLock<Option<crate::holds::Holds>>,
+    /// Moves whenever the contents are replaced or emptied whole (adopted, cleared, refused,
+    /// missing): a reader walking the mirror in steps (a snapshot) knows its walk saw one copy.
+    generation: AtomicU64,
 }
 
 /// How long what was read in a mirror stays what a read now would find (the reply cache).
@@ -359,6 +366,7 @@ impl Mirror {
     pub fn set_refused(&self, refused: Option<String>) -> bool {
         if refused.is_some() {
             self.write().empty();
+            self.generation.fetch_add(1, Ordering::AcqRel);
         }
         self.update_health(|h| h.refused = refused)
     }
@@ -456,7 +464,7 @@ impl Mirror {
             }
             None => key.into(),
         };
-        s.tombstones.insert(key);
+        s.tombstones.insert(key, revision);
     }
 
     /// Records that the bucket is at least at `revision` (its stream's last sequence when a
@@ -470,6 +478,101 @@ impl Mirror {
     pub fn census(&self) -> Census {
         let s = self.read();
         Census { revision: s.revision, subjects: (s.entries.len() + s.tombstones.len()) as u64, ready: s.ready }
+    }
+
+    /// The generation of the contents (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Records the identity of the stream the contents come from (its creation time).
+    pub fn set_origin(&self, created_ns: i128) {
+        self.write_same_contents().origin = Some(created_ns);
+    }
+
+    /// The identity of the stream the contents come from, if known.
+    pub fn origin(&self) -> Option<i128> {
+        self.read().origin
+    }
+
+    /// Visits the entries strictly after `after`, in key order, under one read lock, until
+    /// `visit` says stop (returns false) or none is left: the last key visited, `None` once
+    /// there was nothing to visit. A walk in steps, so that a writer waits one step at most.
+    pub fn visit(&self, after: Option<&str>, visit: &mut dyn FnMut(&str, u64, &[u8]) -> bool) -> Option<Arc<str>> {
+        let s = self.read();
+        let range = match after {
+            Some(a) => s.entries.range::<str, _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => s.entries.range::<str, _>(..),
+        };
+        let mut last = None;
+        for (key, stored) in range {
+            last = Some(key.clone());
+            if !visit(key, stored.revision, &stored.value) {
+                break;
+            }
+        }
+        last
+    }
+
+    /// The keys whose last message is a delete or purge marker, with its revision.
+    pub fn tombstones(&self) -> Vec<(Arc<str>, u64)> {
+        self.read().tombstones.iter().map(|(k, r)| (k.clone(), *r)).collect()
+    }
+
+    /// Fills an empty mirror at once (a snapshot loaded): `entries` in strictly ascending key
+    /// order (a caller's bug otherwise: refused), the markers, the revision the contents are
+    /// as of and the stream they come from.
+    pub fn restore(&self, entries: Vec<(Box<str>, u64, Box<[u8]>)>, tombstones: Vec<(Box<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(Error::new(ErrorKind::Invalid, "entries to restore are not in ascending key order"));
+        }
+        let mut s = self.write();
+        if !s.entries.is_empty() || !s.tombstones.is_empty() {
+            return Err(Error::new(ErrorKind::Invalid, "a mirror is restored only when empty"));
+        }
+        let mut bytes = 0;
+        let mut counted = Vec::new();
+        let map: BTreeMap<Arc<str>, Stored> = entries
+            .into_iter()
+            .map(|(key, revision, value)| {
+                let key: Arc<str> = key.into();
+                bytes += key.len() + value.len();
+                if s.writers.is_some() {
+                    counted.push((key.clone(), (key.len() + value.len()) as i64));
+                }
+                (key, Stored { revision, value })
+            })
+            .collect();
+        s.entries = map;
+        for (key, n) in counted {
+            s.count(&key, 1, n);
+        }
+        s.account(bytes, 0);
+        s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.entries.contains_key(&**k)).map(|(k, r)| (Arc::from(k), r)).collect();
+        s.revision = s.revision.max(revision);
+        s.origin = Some(origin);
+        Ok(())
+    }
+
+    /// Forgets every entry and marker whose message is older than `first` (the stream's first
+    /// sequence): such a message is gone from the stream (expired or purged), and so is what it
+    /// said. The number forgotten.
+    pub fn forget_below(&self, first: u64) -> usize {
+        let mut s = self.write();
+        let gone: Vec<Arc<str>> = s.entries.iter().filter(|(_, v)| v.revision < first).map(|(k, _)| k.clone()).collect();
+        let markers = s.tombstones.len();
+        s.tombstones.retain(|_, r| *r >= first);
+        let forgotten = gone.len() + markers - s.tombstones.len();
+        for key in gone {
+            if let Some((key, old)) = s.entries.remove_entry(&key) {
+                s.account(0, key.len() + old.value.len());
+                s.count(&key, -1, -((key.len() + old.value.len()) as i64));
+                for index in s.by_token.iter_mut() {
+                    index.remove(&key);
+                }
+            }
+        }
+        forgotten
     }
 
     /// Asks the mirror's follower to rebuild it from the bucket. Until the rebuilt copy is in
@@ -493,6 +596,7 @@ impl Mirror {
         // The staged bytes move here (counted once already); the old copy's are freed.
         shrank(old.bytes);
         s.ready = true;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         drop(s);
         self.lag.store(staged.lag(), Ordering::Relaxed);
         self.update_health(|h| h.refused = None);
@@ -516,6 +620,7 @@ impl Mirror {
         let mut s = self.write();
         if missing {
             s.empty();
+            self.generation.fetch_add(1, Ordering::AcqRel);
         }
         s.missing = missing;
     }
@@ -530,8 +635,10 @@ impl Mirror {
     pub fn clear(&self) {
         let mut s = self.write();
         s.revision = 0;
+        s.origin = None;
         s.empty();
         s.ready = false;
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn revision(&self) -> u64 {

@@ -166,6 +166,9 @@ async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> 
     };
     crate::metrics::metrics().mirrors_budget.set(i64::try_from(options.mirror_budget).unwrap_or(i64::MAX));
     let nats = NatsBackend::open(client.clone(), options, kept).await?;
+    if !args.no_snapshots {
+        nats.resume_from(crate::snapshot::Snapshots::new(args.connect.state_dir.join("mirrors")));
+    }
     nats.follow_creations().await;
     let backend: Arc<dyn Backend> = nats.clone();
     let instance = match &args.instance {
@@ -217,6 +220,9 @@ fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runt
         let _ = stop_tx.send(true);
     }));
 
+    if let Some(snapshots) = o.nats.snapshots() {
+        handles.push(tokio::spawn(crate::snapshot::Keeper::new(o.backend.clone(), snapshots.clone()).run(args.snapshot_every)));
+    }
     let audits = Arc::new(crate::audit::Counts::default());
     handles.push(tokio::spawn(
         crate::audit::Auditor { shared: o.clone(), reconciler: reconciler.clone(), every: args.audit_every, counts: audits.clone() }.run(reconnections.clone()),
@@ -312,6 +318,12 @@ async fn shut_down(tasks: Tasks, o: &Shared, embedded: Option<Server>) {
         t.abort();
     }
     o.seat.release().await;
+    // After the seat is given up (a standby need not wait for it): the next start resumes here.
+    if let Some(snapshots) = o.nats.snapshots() {
+        let started = std::time::Instant::now();
+        let written = crate::snapshot::Keeper::new(o.backend.clone(), snapshots.clone()).save_all().await;
+        tracing::info!(written, elapsed = ?started.elapsed(), "mirror snapshots written");
+    }
     // A server that hangs must not hold the process at its exit.
     let _ = tokio::time::timeout(crate::bucket::BUS_DEADLINE, async { tokio::join!(o.service.drain(), o.client.drain()) }).await;
     if let Some(server) = embedded {

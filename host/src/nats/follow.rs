@@ -41,6 +41,8 @@ impl NatsBackend {
                             state_changes: self.state_changes.clone(),
                             events: self.events.clone(),
                             mirrors: self.mirrors.clone(),
+                            snapshots: self.snapshots.get().cloned(),
+                            resumable: std::sync::atomic::AtomicBool::new(true),
                         };
                         tokio::spawn(follower.run(self.resync.subscribe()));
                         m
@@ -96,6 +98,11 @@ struct Follower {
     events: Arc<crate::events::Events>,
     /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
+    /// Where the mirrors' snapshots are kept, if anywhere.
+    snapshots: Option<crate::snapshot::Snapshots>,
+    /// The next replay may resume from the snapshot: only the first (later ones follow a lost
+    /// watch, a rebuild the audit asked for, or a snapshot found wrong: in full).
+    resumable: std::sync::atomic::AtomicBool,
 }
 
 impl Follower {
@@ -188,13 +195,28 @@ impl Follower {
     async fn once(&self) -> Followed {
         let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
-        match stream_info(&self.js, bucket).await {
+        let info = match stream_info(&self.js, bucket).await {
             Ok(Some(info)) => match crate::bucket::shape(bucket, &info.config) {
                 Shape::Refused(why) => return Followed::Refused(why),
-                Shape::Bucket { unsafe_settings } => crate::bucket::note_unsafe(bucket, mirror, unsafe_settings),
+                Shape::Bucket { unsafe_settings } => {
+                    crate::bucket::note_unsafe(bucket, mirror, unsafe_settings);
+                    info
+                }
             },
             Ok(None) => return Followed::Missing,
             Err(e) => return Followed::Lost(Err(e)),
+        };
+        let staged = Arc::new(mirror.like());
+        let stream = crate::snapshot::Stream { created_ns: info.created.unix_timestamp_nanos(), last_sequence: info.state.last_sequence };
+        let resumed = match (&self.snapshots, self.resumable.swap(false, std::sync::atomic::Ordering::AcqRel)) {
+            (Some(snapshots), true) => self.resume(snapshots, &staged, stream).await,
+            _ => None,
+        };
+        staged.set_origin(stream.created_ns);
+        if self.budget > 0 && crate::mirror::total_bytes() > self.budget {
+            staged.clear();
+            let why = format!("the mirrors' memory budget of {} bytes is spent: {bucket} is not mirrored until there is room", self.budget);
+            return Followed::Refused(why);
         }
         let opened = bounded(
             || format!("watching {bucket}"),
@@ -203,7 +225,12 @@ impl Follower {
                 // The watch first, then the state: a bucket emptied between the two reads as
                 // empty (ready at once), where the other order would wait for a replay of
                 // nothing. The state is read fresh: a store's status is as of its opening.
-                let watch = kv.watch_with_history(">").await.map_err(|e| unavailable("watching", &e))?;
+                let watch = match resumed {
+                    // Every message since the snapshot, deletes included, in order.
+                    Some(after) => kv.watch_from_revision(">", after + 1).await,
+                    None => kv.watch_with_history(">").await,
+                }
+                .map_err(|e| unavailable("watching", &e))?;
                 let state = crate::bucket::stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
                 Ok::<_, Error>((state, watch))
             },
@@ -212,13 +239,26 @@ impl Follower {
             Ok(o) => o,
             Err(e) => return Followed::Lost(Err(e)),
         };
-        let staged = mirror.like();
+        if resumed.is_some() {
+            // What the stream no longer holds (expired, purged since the snapshot) is gone.
+            let forgotten = staged.forget_below(state.first_sequence);
+            if forgotten > 0 {
+                tracing::info!(bucket, forgotten, first = state.first_sequence, "keys of the snapshot the stream no longer holds forgotten");
+            }
+        }
         // The stream's last revision, even when its newest messages are gone (expired,
         // purged): the mirror is then as far as the stream, not behind it.
         staged.note_revision(state.last_sequence);
         let mut live = false;
         let started = Instant::now();
-        if state.messages == 0 {
+        let nothing_to_replay = match resumed {
+            Some(after) => state.messages == 0 || state.last_sequence <= after,
+            None => state.messages == 0,
+        };
+        if nothing_to_replay {
+            if let Err(e) = self.check_resumed(resumed, &staged).await {
+                return Followed::Lost(Err(e));
+            }
             mirror.adopt(&staged);
             live = true;
             self.record(None);
@@ -264,12 +304,59 @@ impl Follower {
                 self.record(Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
+                if let Err(e) = self.check_resumed(resumed, &staged).await {
+                    return Followed::Lost(Err(e));
+                }
                 mirror.adopt(&staged);
                 live = true;
                 self.record(None);
-                tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), "mirror in sync");
+                tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), resumed, "mirror in sync");
             }
         }
         Followed::Lost(Ok(()))
+    }
+
+    /// Loads the bucket's snapshot into `staged` (off the runtime thread): the revision to
+    /// resume after, or `None` to replay in full (no snapshot, or one that does not fit).
+    async fn resume(&self, snapshots: &crate::snapshot::Snapshots, staged: &Arc<Mirror>, stream: crate::snapshot::Stream) -> Option<u64> {
+        let (snapshots, bucket, into) = (snapshots.clone(), self.bucket.clone(), staged.clone());
+        let started = Instant::now();
+        match tokio::task::spawn_blocking(move || snapshots.load(&bucket, stream, &into)).await {
+            Ok(Ok(Some(loaded))) => {
+                tracing::info!(bucket = self.bucket, revision = loaded.revision, keys = loaded.entries, elapsed = ?started.elapsed(), "mirror loaded from its snapshot; resuming its watch after it");
+                Some(loaded.revision)
+            }
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
+                tracing::warn!(bucket = self.bucket, "{e}; replaying the bucket in full");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(bucket = self.bucket, "loading the snapshot failed: {e}; replaying the bucket in full");
+                None
+            }
+        }
+    }
+
+    /// Before a copy resumed from a snapshot is answered from: when the stream is still where
+    /// the copy is, both hold a message on the same number of subjects. A stream changed in a
+    /// way no watch says (a purge of some subjects, a message deleted by sequence) is found
+    /// here and the bucket replayed in full; one that moved on meanwhile is left to the audit.
+    async fn check_resumed(&self, resumed: Option<u64>, staged: &Mirror) -> Result<()> {
+        if resumed.is_none() {
+            return Ok(());
+        }
+        let census = staged.census();
+        match crate::bucket::stream_state(&self.js, &self.bucket).await? {
+            Some(s) if s.last_sequence == census.revision && s.subjects_count != census.subjects => {
+                let why = format!(
+                    "the snapshot of {} does not fit its stream: at revision {} the stream holds {} subjects and the resumed copy {}; replaying in full",
+                    self.bucket, census.revision, s.subjects_count, census.subjects
+                );
+                tracing::warn!(bucket = self.bucket, "{why}");
+                Err(Error::new(ErrorKind::Corrupt, why))
+            }
+            _ => Ok(()),
+        }
     }
 }

@@ -115,6 +115,9 @@ pub struct NatsBackend {
     captured: std::sync::Mutex<Vec<(String, String)>>,
     /// The seat gating registry writes; none set means this instance may write (tests, tools).
     seat: OnceLock<Arc<Seat>>,
+    /// Where the mirrors' snapshots are kept, once set: a mirror's first replay resumes from
+    /// its snapshot.
+    snapshots: OnceLock<crate::snapshot::Snapshots>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
     changes: Arc<Changes>,
@@ -153,6 +156,7 @@ impl NatsBackend {
             captured: Default::default(),
             created: Default::default(),
             seat: OnceLock::new(),
+            snapshots: OnceLock::new(),
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
             state_changes: Arc::new(Changes::new()),
@@ -206,6 +210,17 @@ impl NatsBackend {
     /// From now on, registry writes need `seat` to be held at the moment of writing.
     pub fn gate_writes(&self, seat: Arc<Seat>) {
         let _ = self.seat.set(seat);
+    }
+
+    /// From now on, a mirror's first replay starts from its snapshot in `snapshots`, when it
+    /// has one that fits its stream (set before the first mirror is asked for).
+    pub fn resume_from(&self, snapshots: crate::snapshot::Snapshots) {
+        let _ = self.snapshots.set(snapshots);
+    }
+
+    /// Where the mirrors' snapshots are kept, if anywhere.
+    pub fn snapshots(&self) -> Option<&crate::snapshot::Snapshots> {
+        self.snapshots.get()
     }
 
     /// Makes every mirror replay its bucket from scratch; until each is back in sync, reads of
