@@ -522,7 +522,7 @@ impl Mirror {
     /// Fills an empty mirror at once (a snapshot loaded): `entries` in strictly ascending key
     /// order (a caller's bug otherwise: refused), the markers, the revision the contents are
     /// as of and the stream they come from.
-    pub fn restore(&self, entries: Vec<(Box<str>, u64, Box<[u8]>)>, tombstones: Vec<(Box<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
+    pub fn restore(&self, entries: Vec<(Arc<str>, u64, Box<[u8]>)>, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
         if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(Error::new(ErrorKind::Invalid, "entries to restore are not in ascending key order"));
         }
@@ -535,7 +535,6 @@ impl Mirror {
         let map: BTreeMap<Arc<str>, Stored> = entries
             .into_iter()
             .map(|(key, revision, value)| {
-                let key: Arc<str> = key.into();
                 bytes += key.len() + value.len();
                 if s.writers.is_some() {
                     counted.push((key.clone(), (key.len() + value.len()) as i64));
@@ -548,7 +547,7 @@ impl Mirror {
             s.count(&key, 1, n);
         }
         s.account(bytes, 0);
-        s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.entries.contains_key(&**k)).map(|(k, r)| (Arc::from(k), r)).collect();
+        s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.entries.contains_key(&**k)).collect();
         s.revision = s.revision.max(revision);
         s.origin = Some(origin);
         Ok(())

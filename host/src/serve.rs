@@ -121,7 +121,7 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         if args.demo {
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
-        let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.event_callback(on_event)).await?;
+        let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
         let service_options = match Login::of_service(&args.service)? {
             Some(login) => {
                 let inbox = login.inbox(SERVICE_USER);
@@ -149,7 +149,7 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
         state.display()
     );
-    let client = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner").event_callback(on_event)).await?;
+    let client = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner").subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
     let service = connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
     Ok((Bus { client, service }, Some(server), events))
 }

@@ -17,12 +17,12 @@
 //! after that revision replays every change since, in order, so the mirror ends as the bus is.
 //! A walk that saw the mirror replaced (a resync, a rebuild) is abandoned.
 //!
-//! Nothing in a file is trusted: it is read with every length bounded, its checksum checked
-//! before anything of it is used, and refused (with the reason) when it is damaged, of another
+//! Nothing in a file is trusted: it is read whole, its checksum checked before anything in it
+//! is read, every length bounded, and refused (with the reason) when it is damaged, of another
 //! version, of another bucket or of another stream (the bucket made anew), or ahead of its
 //! stream. The host does not look inside a key here either: keys are bytes in order.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::collections::HashMap;
@@ -162,7 +162,11 @@ impl Snapshots {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(refused(&path, format!("cannot be opened: {e}"))),
         };
-        let read = read(BufReader::with_capacity(1 << 20, file), bucket).map_err(|why| refused(&path, why))?;
+        let mut bytes = Vec::new();
+        let mut file = file;
+        file.read_to_end(&mut bytes).map_err(|e| refused(&path, format!("cannot be read: {e}")))?;
+        let read = read(&bytes, bucket).map_err(|why| refused(&path, why))?;
+        drop(bytes);
         if read.origin != stream.created_ns {
             return Err(refused(&path, "it is of another stream (the bucket was made anew)".into()));
         }
@@ -252,29 +256,28 @@ impl Write for Hashing<'_> {
 struct Read_ {
     origin: i128,
     revision: u64,
-    entries: Vec<(Box<str>, u64, Box<[u8]>)>,
-    markers: Vec<(Box<str>, u64)>,
+    entries: Vec<(Arc<str>, u64, Box<[u8]>)>,
+    markers: Vec<(Arc<str>, u64)>,
 }
 
-/// A reader that hashes what it reads and says what it was reading when the file ended.
-struct Source<R> {
-    inner: R,
-    hash: Sha256,
+/// The bytes of a snapshot, read from the front; says what it was reading when they ended.
+struct Cursor<'a> {
+    rest: &'a [u8],
 }
 
-impl<R: Read> Source<R> {
-    fn exact(&mut self, buf: &mut [u8], what: &str) -> std::result::Result<(), String> {
-        self.inner.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => format!("it ends inside {what} (truncated)"),
-            _ => format!("reading {what}: {e}"),
-        })?;
-        self.hash.update(&*buf);
-        Ok(())
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> std::result::Result<&'a [u8], String> {
+        if self.rest.len() < n {
+            return Err(format!("it ends inside {what} (truncated)"));
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
         let mut b = [0u8; N];
-        self.exact(&mut b, what)?;
+        b.copy_from_slice(self.take(N, what)?);
         Ok(b)
     }
 
@@ -290,31 +293,35 @@ impl<R: Read> Source<R> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// `len` bytes, refused past `max` before anything is allocated.
-    fn bytes(&mut self, len: u32, max: usize, what: &str) -> std::result::Result<Vec<u8>, String> {
+    /// `len` bytes, refused past `max`.
+    fn bytes(&mut self, len: u32, max: usize, what: &str) -> std::result::Result<&'a [u8], String> {
         let len = len as usize;
         if len > max {
             return Err(format!("{what} of {len} bytes is longer than {max}"));
         }
-        let mut b = vec![0u8; len];
-        self.exact(&mut b, what)?;
-        Ok(b)
+        self.take(len, what)
     }
 
-    fn key(&mut self, what: &str) -> std::result::Result<Box<str>, String> {
+    fn key(&mut self, what: &str) -> std::result::Result<&'a str, String> {
         let len = self.u32(what)?;
         let b = self.bytes(len, MAX_SUBJECT, what)?;
-        let key = String::from_utf8(b).map_err(|_| format!("{what} is not UTF-8"))?;
-        crate::mirror::check_subject(&key, false).map_err(|e| format!("{what} {key:?}: {e}"))?;
-        Ok(key.into_boxed_str())
+        let key = std::str::from_utf8(b).map_err(|_| format!("{what} is not UTF-8"))?;
+        crate::mirror::check_subject(key, false).map_err(|e| format!("{what} {key:?}: {e}"))?;
+        Ok(key)
     }
 }
 
-fn read(inner: impl Read, bucket: &str) -> std::result::Result<Read_, String> {
-    let mut src = Source { inner, hash: Sha256::new() };
-    if &src.array::<8>("the header")? != MAGIC {
+/// Reads a snapshot file whole: its checksum is checked before anything in it is read.
+fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
+    if file.len() < MAGIC.len() || &file[..MAGIC.len()] != MAGIC {
         return Err("it is not a mirror snapshot".into());
     }
+    let Some(body_len) = file.len().checked_sub(32) else { return Err("it ends before its checksum (truncated)".into()) };
+    let (body, stored) = file.split_at(body_len);
+    if Sha256::digest(body)[..] != stored[..] {
+        return Err("its checksum does not match (damaged or truncated)".into());
+    }
+    let mut src = Cursor { rest: &body[MAGIC.len()..] };
     let version = src.u32("the header")?;
     if version != VERSION {
         return Err(format!("it is of version {version}; this server reads version {VERSION}"));
@@ -322,48 +329,45 @@ fn read(inner: impl Read, bucket: &str) -> std::result::Result<Read_, String> {
     let len = u16::from_le_bytes(src.array("the header")?);
     let name = src.bytes(len.into(), u16::MAX.into(), "the bucket's name")?;
     if name != bucket.as_bytes() {
-        return Err(format!("it is of bucket {:?}, not {bucket}", String::from_utf8_lossy(&name)));
+        return Err(format!("it is of bucket {:?}, not {bucket}", String::from_utf8_lossy(name)));
     }
     let origin = i128::from_le_bytes(src.array("the header")?);
     let revision = src.u64("the header")?;
-    let (mut entries, mut markers): (Vec<(Box<str>, u64, Box<[u8]>)>, Vec<(Box<str>, u64)>) = (Vec::new(), Vec::new());
-    let mut seen = std::collections::HashSet::new();
+    let (mut entries, mut markers): (Vec<(Arc<str>, u64, Box<[u8]>)>, Vec<(Arc<str>, u64)>) = (Vec::new(), Vec::new());
+    let mut last: &str = "";
     loop {
         match src.u8("a record")? {
             ENTRY => {
                 let key = src.key("a key")?;
-                if entries.last().is_some_and(|(last, _, _)| *last >= key) {
+                if !entries.is_empty() && last >= key {
                     return Err(format!("key {key:?} is out of order"));
                 }
+                last = key;
                 let rev = src.u64("a revision")?;
                 let len = src.u32("a value")?;
                 let value = src.bytes(len, MAX_VALUE, "a value")?;
-                entries.push((key, rev, value.into_boxed_slice()));
+                entries.push((Arc::from(key), rev, Box::from(value)));
             }
             MARKER => {
                 let key = src.key("a marker's key")?;
                 let rev = src.u64("a revision")?;
-                if !seen.insert(key.clone()) {
-                    return Err(format!("the marker of {key:?} is there twice"));
-                }
-                markers.push((key, rev));
+                markers.push((Arc::from(key), rev));
             }
             END => break,
             other => return Err(format!("a record of unknown kind {other}")),
         }
     }
-    if let Some((k, _)) = markers.iter().find(|(k, _)| entries.binary_search_by(|e| e.0.cmp(k)).is_ok()) {
-        return Err(format!("key {k:?} is both held and deleted"));
+    if !src.rest.is_empty() {
+        return Err("bytes follow its last record".into());
     }
-    let digest = src.hash.clone().finalize();
-    let mut stored = [0u8; 32];
-    src.inner.read_exact(&mut stored).map_err(|_| "it ends before its checksum (truncated)".to_string())?;
-    if stored[..] != digest[..] {
-        return Err("its checksum does not match (damaged)".into());
-    }
-    let mut rest = [0u8; 1];
-    if src.inner.read(&mut rest).map_err(|e| format!("reading past the checksum: {e}"))? != 0 {
-        return Err("bytes follow its checksum".into());
+    let mut seen = std::collections::HashSet::with_capacity(markers.len());
+    for (k, _) in &markers {
+        if !seen.insert(k.clone()) {
+            return Err(format!("the marker of {k:?} is there twice"));
+        }
+        if entries.binary_search_by(|e| e.0.cmp(k)).is_ok() {
+            return Err(format!("key {k:?} is both held and deleted"));
+        }
     }
     Ok(Read_ { origin, revision, entries, markers })
 }
@@ -500,9 +504,12 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         std::fs::write(snaps.path("b"), &longer).unwrap();
-        assert!(refusal(&snaps, "b", stream(9)).contains("bytes follow its checksum"));
-        let mut other = good.clone();
+        assert!(refusal(&snaps, "b", stream(9)).contains("checksum does not match"));
+        // Another version, checksum and all.
+        let mut other = good[..good.len() - 32].to_vec();
         other[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let digest = Sha256::digest(&other);
+        other.extend_from_slice(&digest);
         std::fs::write(snaps.path("b"), &other).unwrap();
         assert!(refusal(&snaps, "b", stream(9)).contains("version 2"));
         std::fs::write(snaps.path("b"), b"not a snapshot at all").unwrap();
@@ -512,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn a_length_past_its_bound_is_refused_before_anything_is_allocated() {
+    fn a_length_past_its_bound_is_refused_even_under_a_good_checksum() {
         let mut file = Vec::new();
         file.extend_from_slice(MAGIC);
         file.extend_from_slice(&VERSION.to_le_bytes());
@@ -522,7 +529,9 @@ mod tests {
         file.extend_from_slice(&1u64.to_le_bytes());
         file.push(ENTRY);
         file.extend_from_slice(&u32::MAX.to_le_bytes());
-        let why = read(&file[..], "b").err().expect("refused");
+        let digest = Sha256::digest(&file);
+        file.extend_from_slice(&digest);
+        let why = read(&file, "b").err().expect("refused");
         assert!(why.contains("longer than 4096"), "{why}");
     }
 

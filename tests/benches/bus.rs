@@ -6,7 +6,10 @@
 //! "sized" echo that replies with exactly the bytes of the verb's reply, so the ratio measures
 //! the server's work rather than a bigger message. The requests are made as a node's user and
 //! the echoes answered as the vault's, which the example config lets answer `$SRV.*.mesh-vault.>`;
-//! the vault's stand-in also counts the discovery pings `status` sends. A benchmark, not a test.
+//! the vault's stand-in also counts the discovery pings `status` sends. At the end, starts at
+//! the large size: from the snapshot the stopped host wrote, and by a full replay, against a
+//! plain watch of the same keys on a server without permissions (written there by the bench),
+//! and a standby's takeover. A benchmark, not a test.
 //!
 //! `cargo build --release -p mesh-provisioner && cargo bench -p tests --bench bus`
 //! (uses `target/release/mesh-provisioner` when built, else the debug binary; `BENCH_KEYS` sets
@@ -211,6 +214,17 @@ async fn wait_planned(c: &Client) -> serde_json::Value {
     }
 }
 
+/// One sample of the host's `/metrics` (0 when absent).
+async fn metric(url: &str, sample: &str) -> f64 {
+    let (_, _, text) = tests::browser::get(url).await;
+    text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+}
+
+/// The reply cache's hits and misses so far.
+async fn cache_lookups(url: &str) -> (f64, f64) {
+    (metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await, metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await)
+}
+
 /// Writes `n` holders of `bound:postgres.<provision>` on node alpha (needs and values), pipelined.
 async fn holders(bus: &Bus, provision: &str, n: usize) {
     let (node, provider) = (bus.js("node-alpha").await, bus.js("provider-postgres").await);
@@ -229,7 +243,7 @@ async fn holders(bus: &Bus, provision: &str, n: usize) {
 
 /// `holders` of a value held `n` times: its first page against the echoes; then the time from
 /// the provider rewriting all `n` values (pipelined) to the last notice heard by the node.
-async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, provision: &str, n: usize) {
+async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, provision: &str, n: usize, metrics: &str) {
     let query = format!(r#"{{"what":"holders","kind":"bound","name":"postgres.{provision}"}}"#);
     let start = Instant::now();
     loop {
@@ -241,7 +255,22 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
         assert!(start.elapsed() < Duration::from_secs(120), "holders never listed {n}: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let (lag, before) = (metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await, cache_lookups(metrics).await);
     measure(&format!("{label} holders of a value held {n} times (first page)"), c, sized, "mesh-provisioner.provisioning", query.as_bytes()).await;
+    let after = cache_lookups(metrics).await;
+    println!("    (the needs mirror {lag} messages behind its bucket as the measurement began; the reply cache meanwhile: {} hits, {} misses)", after.0 - before.0, after.1 - before.1);
+    if lag > 0.0 {
+        // Measured again once the mirror has applied every write: a reply cached over a bucket
+        // holds only while the bucket does not change.
+        let t = Instant::now();
+        while metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await > 0.0 && t.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let before = cache_lookups(metrics).await;
+        measure(&format!("{label} holders of a value held {n} times (first page), the mirror settled"), c, sized, "mesh-provisioner.provisioning", query.as_bytes()).await;
+        let after = cache_lookups(metrics).await;
+        println!("    (settled after {:.1} s; the reply cache meanwhile: {} hits, {} misses)", t.elapsed().as_secs_f64(), after.0 - before.0, after.1 - before.1);
+    }
     let mut notices = c.subscribe("mesh-provisioner.notice.alpha").await.expect("subscribe");
     c.flush().await.expect("flush");
     let provider = bus.js("provider-postgres").await;
@@ -290,7 +319,8 @@ async fn main() {
     let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     tests::nats::prefer_release_binary();
     let bus = Bus::start().await;
-    let host = Host::start(&bus, &[]).await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
+    let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");
     let c = bus.client("node-alpha").await;
     // The echoes and the vault's discovery answer have a connection of their own, as the host does.
@@ -343,8 +373,8 @@ async fn main() {
         bus.make_bucket("postgres_bound").await;
         holders(&bus, "small", 1000).await;
         holders(&bus, "db", 10_000).await;
-        measure_holders("10k", &bus, &c, &sized, "small", 1000).await;
-        measure_holders("10k", &bus, &c, &sized, "db", 10_000).await;
+        measure_holders("10k", &bus, &c, &sized, "small", 1000, &metrics).await;
+        measure_holders("10k", &bus, &c, &sized, "db", 10_000, &metrics).await;
 
         // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
         plan_inputs(&bus).await;
@@ -371,8 +401,8 @@ async fn main() {
     // The last-token index is built by the first holders query after a restart of the mirror;
     // here it was built at 10k and kept up to date: what it costs shows in the RSS above.
     if full {
-        measure_holders(&label, &bus, &c, &sized, "small", 1000).await;
-        measure_holders(&label, &bus, &c, &sized, "db", 10_000).await;
+        measure_holders(&label, &bus, &c, &sized, "small", 1000, &metrics).await;
+        measure_holders(&label, &bus, &c, &sized, "db", 10_000, &metrics).await;
     }
     // Narrowings that start with a wildcard: a module on every node (`*.m000420.>`), and one
     // kind everywhere (`*.*.secret.>`, its first page of 10).
@@ -389,13 +419,12 @@ async fn main() {
     let mut host = host;
     host.signal("TERM");
     let _ = host.child.wait().await;
-    cold_start(&bus, &c, query, keys, host.state).await;
+    cold_start(&bus, &c, query, keys, host).await;
 }
 
 /// Reads the needs bucket the way a mirror's replay does, with nothing else: an ordered consumer
-/// over the last message of each key, until none is pending. The floor of a cold start.
-async fn plain_replay(bus: &Bus) -> (usize, Duration) {
-    let js = bus.js("mesh-provisioner").await;
+/// over the last message of each key, until none is pending.
+async fn plain_watch(js: &async_nats::jetstream::Context) -> (usize, Duration) {
     let kv = js.get_key_value(NEEDS).await.expect("needs");
     let start = Instant::now();
     let mut watch = kv.watch_with_history(">").await.expect("watch");
@@ -409,31 +438,89 @@ async fn plain_replay(bus: &Bus) -> (usize, Duration) {
     (n, start.elapsed())
 }
 
-/// Cold start at the large size: from `serve` to the first answer, against a plain replay of
-/// the bucket; then a standby's takeover with warm mirrors.
-async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tempfile::TempDir) {
-    let (n, floor) = plain_replay(bus).await;
-    // Short request timeouts: a request that went to the killed holder is lost, and waiting
-    // the client's default 10 s for it would be measured as the takeover.
-    let answered = |c: Client| async move {
-        loop {
-            let req = async_nats::Request::new().payload(query.to_vec().into()).timeout(Some(Duration::from_millis(200)));
-            if let Ok(m) = c.send_request("mesh-provisioner.provisioning", req).await {
-                if m.headers.is_none() {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
+/// The floor of a start: a server without accounts or permissions, holding a needs bucket of
+/// the same keys and values (written here by one pipelined client), read by a plain watch.
+async fn unrestricted_floor(keys: usize) -> (usize, Duration) {
+    const OPEN: &str = "listen: \"127.0.0.1:{{PORT}}\"\njetstream { store_dir: \"{{DIR}}/js\" }\n";
+    let server = tests::nats::RawServer::start(OPEN).await;
+    let client = async_nats::connect(format!("nats://127.0.0.1:{}", server.port)).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    js.create_key_value(async_nats::jetstream::kv::Config { bucket: NEEDS.into(), history: 1, ..Default::default() }).await.expect("bucket");
+    let per_node = keys / 10 / 3;
+    let names = ["alpha", "beta", "gamma"].into_iter().flat_map(|node| {
+        (0..per_node + 1).flat_map(move |m| (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") }))
+    });
+    let mut acks = futures::stream::iter(names.take(keys).map(|key| {
+        let js = js.clone();
+        async move { js.publish(format!("$KV.{NEEDS}.{key}"), VALUE.into()).await.expect("publish").await.expect("ack") }
+    }))
+    .buffer_unordered(512);
+    while acks.next().await.is_some() {}
+    drop(acks);
+    let floor = plain_watch(&js).await;
+    server.stop().await;
+    floor
+}
+
+/// From `serve` to the first answer to `query` (an answer is current: a mirror answers only
+/// once its replay, or its resumed watch, has reached the stream's last revision).
+async fn first_answer(bus: &Bus, c: &Client, query: &[u8], state: tempfile::TempDir, extra: &[&str]) -> (Host, Duration) {
     let start = Instant::now();
-    let host = Host::spawn(bus.url(), bus, state, &tests::component_path(), &["--seat-ttl", "3s"]);
-    answered(c.clone()).await;
-    let cold = start.elapsed();
+    let mut args = vec!["--seat-ttl", "3s"];
+    args.extend_from_slice(extra);
+    let host = Host::spawn(bus.url(), bus, state, &tests::component_path(), &args);
+    answered(c, query).await;
+    (host, start.elapsed())
+}
+
+/// Asks until an answer (not an error) comes. Short request timeouts: a request that went to a
+/// killed holder is lost, and waiting the client's default 10 s for it would be measured.
+async fn answered(c: &Client, query: &[u8]) {
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(600), "no answer within 10 minutes");
+        let req = async_nats::Request::new().payload(query.to_vec().into()).timeout(Some(Duration::from_millis(200)));
+        if let Ok(m) = c.send_request("mesh-provisioner.provisioning", req).await {
+            if m.headers.is_none() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The snapshot-write line of a host's log: how long writing the snapshots at shutdown took.
+fn snapshots_written(log: &str) -> String {
+    log.lines().filter(|l| l.contains("mirror snapshots written")).last().and_then(|l| l.split("elapsed=").nth(1)).unwrap_or("?").to_string()
+}
+
+/// Starts at the large size: from `serve` to the first answer, from the snapshot written at
+/// the last shutdown and by a full replay, against a plain watch of the same bucket on a
+/// server without permissions (and on the example config, as the provisioner's user); then a
+/// standby's takeover with warm mirrors.
+async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, mut stopped: Host) {
+    let wrote = snapshots_written(&stopped.log_text());
+    let state = std::mem::replace(&mut stopped.state, tempfile::tempdir().unwrap());
+    let snapshot = std::fs::metadata(state.path().join("mirrors").join(format!("{NEEDS}.mirror"))).map(|m| m.len()).unwrap_or(0);
+    let (n_open, open) = unrestricted_floor(keys).await;
+    let (n, example) = plain_watch(&bus.js("mesh-provisioner").await).await;
+    let (host, resumed) = first_answer(bus, c, query, state, &[]).await;
+    let resumed_log = host.log_text();
+    host.signal("TERM");
+    let mut host = host;
+    let _ = host.child.wait().await;
+    let state = std::mem::replace(&mut host.state, tempfile::tempdir().unwrap());
+    let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
+    let secs = |d: Duration| d.as_secs_f64();
     println!(
-        "cold start at {keys} keys: serve to the first answer {:.2} s; a plain ordered consumer reads the bucket ({n} keys) in {:.2} s: {:.2}× that floor",
-        cold.as_secs_f64(), floor.as_secs_f64(), cold.as_secs_f64() / floor.as_secs_f64()
+        "start at {keys} keys, floor: a plain watch reads the bucket ({n_open} keys) on a server without permissions in {:.2} s (on the example config as the provisioner's user: {:.2} s, {n} keys, {:.2}×)",
+        secs(open), secs(example), secs(example) / secs(open)
     );
+    println!("  from its snapshot ({} MiB, written at shutdown in {wrote}): serve to the first answer {:.2} s = {:.2}× the floor", snapshot >> 20, secs(resumed), secs(resumed) / secs(open));
+    if let Some(line) = resumed_log.lines().find(|l| l.contains("loaded from its snapshot") && l.contains(NEEDS)) {
+        println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
+    }
+    println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
     let mut standby =
         Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
     let warm = Instant::now();
@@ -449,7 +536,7 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, state: tem
     println!("a standby warmed its mirrors of {keys} keys in {:.2} s", warm.elapsed().as_secs_f64());
     let killed = Instant::now();
     host.signal("KILL");
-    answered(c.clone()).await;
+    answered(c, query).await;
     println!("takeover with warm mirrors (holder killed, seat TTL 3 s): the standby answered {:.2} s after the kill", killed.elapsed().as_secs_f64());
     let _ = host.stop().await;
     standby.stop().await;

@@ -41,6 +41,13 @@ pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provision
 /// registry and the node clients' buckets. An instance is ready when these are in sync.
 pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_BUCKETS[1], CLIENT_BUCKETS[2]];
 
+/// Messages the buckets' connection buffers per subscription (async-nats's default: 65 536).
+/// A replay's push consumer may have up to 32 MiB of payload outstanding (nats-server's flow
+/// control window); at a few dozen bytes a value that is far more than 65 536 messages, and a
+/// server that replays faster than the one thread applying them overflowed the buffer: messages
+/// dropped as a slow consumer, the replay stalled, started again, and never finished (seen at
+/// 1M keys). The buffer grows only while the mirror is behind; flow control bounds it.
+pub const SUBSCRIPTION_CAPACITY: usize = 1 << 22;
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// A replay that delivers nothing for this long is started again.
