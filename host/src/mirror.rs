@@ -531,20 +531,34 @@ impl Mirror {
             return Err(Error::new(ErrorKind::Invalid, "a mirror is restored only when empty"));
         }
         let mut bytes = 0;
-        let mut counted = Vec::new();
+        // Keys in order: each writer's (first token's) keys are one run, counted once.
+        let counting = s.writers.is_some();
+        let mut runs: Vec<(Box<str>, u64, u64)> = Vec::new();
         let map: BTreeMap<Arc<str>, Stored> = entries
             .into_iter()
             .map(|(key, revision, value)| {
-                bytes += key.len() + value.len();
-                if s.writers.is_some() {
-                    counted.push((key.clone(), (key.len() + value.len()) as i64));
+                let size = key.len() + value.len();
+                bytes += size;
+                if counting {
+                    let writer = key.split('.').next().unwrap_or(&key);
+                    match runs.last_mut() {
+                        Some((w, keys, b)) if **w == *writer => {
+                            *keys += 1;
+                            *b += size as u64;
+                        }
+                        _ => runs.push((writer.into(), 1, size as u64)),
+                    }
                 }
                 (key, Stored { revision, value })
             })
             .collect();
         s.entries = map;
-        for (key, n) in counted {
-            s.count(&key, 1, n);
+        if let Some(writers) = s.writers.as_mut() {
+            for (writer, keys, b) in runs {
+                let c = writers.entry(writer).or_insert((0, 0));
+                c.0 += keys;
+                c.1 += b;
+            }
         }
         s.account(bytes, 0);
         s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.entries.contains_key(&**k)).collect();
@@ -841,19 +855,19 @@ pub fn check_subject(s: &str, filter: bool) -> Result<()> {
     if s.is_empty() || s.len() > MAX_SUBJECT {
         return bad("empty or too long");
     }
-    let tokens: Vec<&str> = s.split('.').collect();
-    for (i, t) in tokens.iter().enumerate() {
+    let mut tokens = s.split('.').peekable();
+    while let Some(t) = tokens.next() {
         if t.is_empty() {
             return bad("empty token");
         }
         if !t.bytes().all(|b| b.is_ascii_graphic()) {
             return bad("not printable ASCII");
         }
-        let wild = *t == "*" || *t == ">";
+        let wild = t == "*" || t == ">";
         if wild && !filter {
             return bad("a key holds no wildcard");
         }
-        if *t == ">" && i + 1 != tokens.len() {
+        if t == ">" && tokens.peek().is_some() {
             return bad("`>` must be the last token");
         }
         if !wild && (t.contains('*') || t.contains('>')) {

@@ -333,7 +333,9 @@ fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
     }
     let origin = i128::from_le_bytes(src.array("the header")?);
     let revision = src.u64("the header")?;
-    let (mut entries, mut markers): (Vec<(Arc<str>, u64, Box<[u8]>)>, Vec<(Arc<str>, u64)>) = (Vec::new(), Vec::new());
+    // About the size of an entry of a node client's bucket: one allocation, most of the time.
+    let mut entries: Vec<(Arc<str>, u64, Box<[u8]>)> = Vec::with_capacity(body.len() / 64);
+    let mut markers: Vec<(Arc<str>, u64)> = Vec::new();
     let mut last: &str = "";
     loop {
         match src.u8("a record")? {
