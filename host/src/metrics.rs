@@ -55,6 +55,13 @@ pub struct Stream {
     pub subject: String,
 }
 
+/// What a kept reply read that changed since (a bucket's mirror, `kept plans`, `discovery`,
+/// `once`, `backend`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Stale {
+    pub read: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub outcome: String,
@@ -97,6 +104,7 @@ pub struct Metrics {
     pub plans_computed: Family<State, Counter>,
     pub plans_refreshed: Counter,
     pub reply_cache: Family<Outcome, Counter>,
+    pub reply_cache_stale: Family<Stale, Counter>,
     pub scrape_seconds: Gauge<f64, AtomicU64>,
     pub refused_replies: Family<Endpoint, Counter>,
     pub bucket_refused: Family<Bucket, Gauge>,
@@ -144,6 +152,7 @@ impl Metrics {
             plans_computed: Family::default(),
             plans_refreshed: Counter::default(),
             reply_cache: Family::default(),
+            reply_cache_stale: Family::default(),
             scrape_seconds: Gauge::default(),
             refused_replies: Family::default(),
             bucket_refused: Family::default(),
@@ -182,6 +191,7 @@ impl Metrics {
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
         registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());
+        registry.register("reply_cache_stale", "Replies not served from the reply cache, by why: the first thing a kept reply read that changed since (a bucket, kept plans, discovery, once, backend), or why one was not kept", m.reply_cache_stale.clone());
         registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
         registry.register("refused_replies", "Requests not answered because their reply subject is not an inbox, by endpoint ($SRV: discovery)", m.refused_replies.clone());
         registry.register("bucket_refused", "1 while a bucket is not read: its stream is not a bucket, or its mirror would pass the memory budget", m.bucket_refused.clone());
@@ -230,6 +240,14 @@ impl Metrics {
             return;
         }
         self.reply_cache.get_or_create(&Outcome { outcome: if hit { "hit" } else { "miss" }.into() }).inc();
+    }
+
+    /// Counts a kept reply found stale because `read` changed.
+    pub fn reply_cache_stale(&self, read: &str) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
+        self.reply_cache_stale.get_or_create(&Stale { read: read.to_string() }).inc();
     }
 
     /// Times one call into the guest.

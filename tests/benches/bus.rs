@@ -220,6 +220,21 @@ async fn metric(url: &str, sample: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
 }
 
+/// Why replies were not served from the reply cache so far, by reason (see the metric).
+async fn stale_reasons(url: &str) -> std::collections::BTreeMap<String, f64> {
+    let (_, _, text) = tests::browser::get(url).await;
+    text.lines()
+        .filter_map(|l| l.strip_prefix("mesh_provisioner_reply_cache_stale_total{read=\""))
+        .filter_map(|l| l.split_once("\"} ").and_then(|(read, n)| Some((read.to_string(), n.trim().parse().ok()?))))
+        .collect()
+}
+
+/// What changed between two samples of [`stale_reasons`].
+fn stale_between(before: &std::collections::BTreeMap<String, f64>, after: &std::collections::BTreeMap<String, f64>) -> String {
+    let moved: Vec<String> = after.iter().filter_map(|(k, n)| { let d = n - before.get(k).unwrap_or(&0.0); (d > 0.0).then(|| format!("{k} {d}")) }).collect();
+    if moved.is_empty() { "none".into() } else { moved.join(", ") }
+}
+
 /// The reply cache's hits and misses so far.
 async fn cache_lookups(url: &str) -> (f64, f64) {
     (metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await, metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await)
@@ -255,10 +270,13 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
         assert!(start.elapsed() < Duration::from_secs(120), "holders never listed {n}: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (lag, before) = (metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await, cache_lookups(metrics).await);
+    let (lag, before, stale) = (metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await, cache_lookups(metrics).await, stale_reasons(metrics).await);
     measure(&format!("{label} holders of a value held {n} times (first page)"), c, sized, "mesh-provisioner.provisioning", query.as_bytes()).await;
     let after = cache_lookups(metrics).await;
-    println!("    (the needs mirror {lag} messages behind its bucket as the measurement began; the reply cache meanwhile: {} hits, {} misses)", after.0 - before.0, after.1 - before.1);
+    println!(
+        "    (the needs mirror {lag} messages behind its bucket as the measurement began; the reply cache meanwhile: {} hits, {} misses; not served from it because: {})",
+        after.0 - before.0, after.1 - before.1, stale_between(&stale, &stale_reasons(metrics).await)
+    );
     if lag > 0.0 {
         // Measured again once the mirror has applied every write: a reply cached over a bucket
         // holds only while the bucket does not change.

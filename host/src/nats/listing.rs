@@ -91,19 +91,13 @@ impl NatsBackend {
         Ok(names)
     }
 
-    /// The listing in use now, and how long an answer from it holds: until it expires or a
-    /// creation is announced. Never waits: a listing being made now is not one an answer came
-    /// from.
-    pub(super) fn listing_holds(&self) -> Option<((Instant, u64), Holds)> {
-        let names = self.names.try_lock().ok()?;
-        let generation = self.created.load(std::sync::atomic::Ordering::Acquire);
-        let (at, g) = names.0.filter(|(at, g)| *g == generation && at.elapsed() < NAMES_FOR)?;
-        Some(((at, g), Holds::until(at + NAMES_FOR).while_at(self.created.clone(), g)))
-    }
-
-    /// Whether `bucket` is on the bus now (see [`NatsBackend::listing`]).
-    pub(super) async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
-        Ok(self.listing().await?.1.contains(bucket))
+    /// Whether `bucket` is on the bus now (see [`NatsBackend::listing`]), and how long that
+    /// answer holds: while the listing it came from is the one in use — until it expires or a
+    /// creation is announced.
+    pub(super) async fn bucket_exists(&self, bucket: &str) -> Result<(bool, Holds)> {
+        let names = self.listing().await?;
+        let (at, generation) = names.0.ok_or_else(|| Error::new(ErrorKind::Unavailable, "no listing of the buckets"))?;
+        Ok((names.1.contains(bucket), Holds::until(at + NAMES_FOR).while_at(self.created.clone(), generation)))
     }
 
     /// The buckets on the bus that `patterns` name (a name, or one `*` in a name), at most

@@ -64,6 +64,16 @@ impl Read {
     }
 
     /// Whether a call now would read the same.
+    /// What this read was of, for the metrics: the bucket, or its kind.
+    fn what(&self) -> &str {
+        match self {
+            Read::Mirror { bucket, .. } => bucket,
+            Read::Once { .. } => "once",
+            Read::Discovery { .. } => "discovery",
+            Read::Kept { .. } => "kept plans",
+        }
+    }
+
     fn unchanged(&self, backend: &dyn Backend) -> bool {
         match self {
             Read::Mirror { mirror, version, .. } => matches!(mirror.holding(), Holding::Served) && mirror.is_ready() && mirror.version() == *version,
@@ -155,12 +165,26 @@ impl ReplyCache {
         let k = same.iter().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
         // A live `Weak` at the same address is the same backend (a dropped one's never upgrades).
         let same_backend = k.backend.upgrade().is_some_and(|b| Arc::ptr_eq(&b, backend));
-        (same_backend && k.reads.iter().all(|r| r.unchanged(backend.as_ref()))).then(|| k.reply.clone())
+        let stale = match same_backend {
+            false => Some("backend"),
+            true => k.reads.iter().find(|r| !r.unchanged(backend.as_ref())).map(Read::what),
+        };
+        match stale {
+            None => Some(k.reply.clone()),
+            Some(what) => {
+                // Which read goes stale is what decides how long replies stay: counted.
+                crate::metrics::metrics().reply_cache_stale(what);
+                None
+            }
+        }
     }
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
     pub fn put(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
-        let Some(mut reads) = reads else { return };
+        let Some(mut reads) = reads else {
+            crate::metrics::metrics().reply_cache_stale("(not kept: read what no replay could)");
+            return;
+        };
         if matches!(reply.code, super::ReplyCode::Unavailable) {
             return;
         }
@@ -179,6 +203,7 @@ impl ReplyCache {
             let repeated = match (one.last(), &r) {
                 (Some(Read::Mirror { bucket: last, mirror: was, .. }), Read::Mirror { bucket, mirror, .. }) if last == bucket => {
                     if !Arc::ptr_eq(was, mirror) {
+                        crate::metrics::metrics().reply_cache_stale("(not kept: a mirror replaced mid-call)");
                         return;
                     }
                     true
@@ -195,6 +220,7 @@ impl ReplyCache {
         let hash = self.hash(verb, body, max_reply);
         let mut kept = self.kept.locked();
         if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
+            crate::metrics::metrics().reply_cache_stale("(all dropped: the cache was full)");
             *kept = Replies::default();
         }
         let entry = Kept { backend: Arc::downgrade(backend), verb: verb.into(), body: body.into(), max_reply, reply: reply.clone(), reads: one };
