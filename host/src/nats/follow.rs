@@ -214,10 +214,10 @@ impl Follower {
             _ => None,
         };
         staged.set_origin(stream.created_ns);
-        if self.budget > 0 && crate::mirror::total_bytes() > self.budget {
-            staged.clear();
-            let why = format!("the mirrors' memory budget of {} bytes is spent: {bucket} is not mirrored until there is room", self.budget);
-            return Followed::Refused(why);
+        if resumed.is_some() {
+            if let Some(refused) = self.over_budget(&staged) {
+                return refused;
+            }
         }
         let opened = bounded(
             || format!("watching {bucket}"),
@@ -285,13 +285,8 @@ impl Follower {
             let deleted = match entry.operation {
                 kv::Operation::Put => {
                     target.put(&entry.key, entry.revision, &entry.value);
-                    if self.budget > 0 && crate::mirror::total_bytes() > self.budget {
-                        // Dropped rather than grown until the process is killed: this bucket
-                        // is refused (said in /readyz, status and the metrics) until there is
-                        // room again.
-                        staged.clear();
-                        let why = format!("the mirrors' memory budget of {} bytes is spent: {bucket} is not mirrored until there is room", self.budget);
-                        return Followed::Refused(why);
+                    if let Some(refused) = self.over_budget(&staged) {
+                        return refused;
                     }
                     false
                 }
@@ -315,6 +310,17 @@ impl Follower {
             }
         }
         Followed::Lost(Ok(()))
+    }
+
+    /// When the mirrors hold more than their budget: the copy being built is dropped rather
+    /// than grown until the process is killed, and the bucket refused (said in /readyz, status
+    /// and the metrics) until there is room again.
+    fn over_budget(&self, staged: &Mirror) -> Option<Followed> {
+        if self.budget == 0 || crate::mirror::total_bytes() <= self.budget {
+            return None;
+        }
+        staged.clear();
+        Some(Followed::Refused(format!("the mirrors' memory budget of {} bytes is spent: {} is not mirrored until there is room", self.budget, self.bucket)))
     }
 
     /// Loads the bucket's snapshot into `staged` (off the runtime thread): the revision to

@@ -63,7 +63,6 @@ impl Read {
         count.holds.clone().map(|holds| Read::Discovery { service: service.to_string(), holds })
     }
 
-    /// Whether a call now would read the same.
     /// What this read was of, for the metrics: the bucket, or its kind.
     fn what(&self) -> &str {
         match self {
@@ -74,6 +73,7 @@ impl Read {
         }
     }
 
+    /// Whether a call now would read the same.
     fn unchanged(&self, backend: &dyn Backend) -> bool {
         match self {
             Read::Mirror { mirror, version, .. } => matches!(mirror.holding(), Holding::Served) && mirror.is_ready() && mirror.version() == *version,
