@@ -20,10 +20,13 @@
 //! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
 //! them within a budget.
 
+mod table;
+
 use crate::sync::{Locked, ReadWrite};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasher, RandomState};
+use std::collections::HashMap;
 use std::ops::Bound;
+use table::{Slot, Table};
+pub use table::Sorted;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -87,13 +90,6 @@ pub struct Health {
     pub unsafe_settings: Vec<String>,
 }
 
-/// One stored value. Boxed slices keep a million-key mirror small.
-#[derive(Debug, Clone)]
-struct Stored {
-    revision: u64,
-    value: Box<[u8]>,
-}
-
 /// One entry as the guest receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -112,68 +108,17 @@ pub struct Page {
     bytes: usize,
 }
 
-/// Which token of a key an index is by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Slot {
-    /// The token at this position (from 0; 0 itself is never indexed: the map is in key order).
-    At(usize),
-    /// The last token, whatever the key's length.
-    Last,
-}
-
-impl Slot {
-    fn token(self, key: &str) -> Option<&str> {
-        match self {
-            Slot::At(p) => key.split('.').nth(p),
-            Slot::Last => Some(key.rsplit('.').next().unwrap_or(key)),
-        }
-    }
-}
-
 /// Most token indexes one mirror builds (each a slot per key): positions 1–3 and the last.
 const MAX_INDEXES: usize = 4;
 
-/// The keys of a mirror by the hash of one of their subject tokens, then in key order. The keys
-/// are shared with the mirror's map, so an indexed key costs a pointer, a hash and a tree slot,
-/// not a copy. Keys whose tokens collide share a hash: a scan checks each key's token. A key
-/// without that token (too short) is not in the index: no filter using it can match the key.
-#[derive(Debug)]
-struct ByToken {
-    slot: Slot,
-    keys: BTreeSet<(u64, Arc<str>)>,
-    /// Per mirror, so no writer can aim keys at one hash.
-    hasher: RandomState,
-}
-
-impl ByToken {
-    fn new(slot: Slot, hasher: RandomState) -> Self {
-        ByToken { slot, keys: BTreeSet::new(), hasher }
-    }
-
-    fn insert(&mut self, key: &Arc<str>) {
-        if let Some(t) = self.slot.token(key) {
-            self.keys.insert((self.hasher.hash_one(t), key.clone()));
-        }
-    }
-
-    fn remove(&mut self, key: &Arc<str>) {
-        if let Some(t) = self.slot.token(key) {
-            self.keys.remove(&(self.hasher.hash_one(t), key.clone()));
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 struct State {
-    entries: BTreeMap<Arc<str>, Stored>,
+    /// The entries, packed (see [`table`]).
+    table: Table,
     /// Keys whose last message is a delete or purge marker, with the marker's revision: the
     /// stream still holds a message on their subject, so they count in its subjects (see
     /// [`Census`]) until that message is gone from the stream.
     tombstones: HashMap<Arc<str>, u64>,
-    /// Built on the first scan that needs each (see the module's doc), then kept.
-    by_token: Vec<ByToken>,
-    /// The hasher every index of this mirror uses (random per mirror).
-    hasher: RandomState,
     /// The bytes of the keys and values held (for metrics and the memory goal).
     bytes: usize,
     revision: u64,
@@ -213,9 +158,8 @@ impl State {
     /// Empties the contents (not the revision or the flags).
     fn empty(&mut self) {
         self.account(0, self.bytes);
-        self.entries.clear();
+        self.table = Table::default();
         self.tombstones.clear();
-        self.by_token.clear();
         if let Some(w) = self.writers.as_mut() {
             w.clear();
         }
@@ -225,7 +169,9 @@ impl State {
 /// A bucket's contents, as of [`Mirror::revision`].
 #[derive(Debug, Default)]
 pub struct Mirror {
-    state: RwLock<State>,
+    /// Shared with the thread building a new base for the table (see [`table`]), which installs
+    /// it under the write lock.
+    state: Arc<RwLock<State>>,
     /// Keys looked at by scans, for proving that narrowed scans stay narrow.
     visited: AtomicU64,
     /// When the mirror was last asked for, in milliseconds after [`epoch`].
@@ -432,39 +378,47 @@ impl Mirror {
         if !s.tombstones.is_empty() {
             s.tombstones.remove(key);
         }
-        let stored = Stored { revision, value: value.into() };
-        if let Some(old) = s.entries.get_mut(key) {
-            let was = old.value.len();
-            *old = stored;
-            s.account(value.len(), was);
-            s.count(key, 0, value.len() as i64 - was as i64);
+        match s.table.insert(key, revision, value) {
+            Some(was) => {
+                s.account(value.len(), was);
+                s.count(key, 0, value.len() as i64 - was as i64);
+            }
+            None => {
+                s.account(key.len() + value.len(), 0);
+                s.count(key, 1, (key.len() + value.len()) as i64);
+            }
+        }
+        self.compact_if_due(&mut s);
+    }
+
+    /// Starts building a new base for the table when its delta has grown enough, on a thread
+    /// of its own that installs it when built (see [`table`]).
+    fn compact_if_due(&self, s: &mut State) {
+        if !s.table.compaction_due(!s.ready) {
             return;
         }
-        s.account(key.len() + value.len(), 0);
-        s.count(key, 1, (key.len() + value.len()) as i64);
-        let key: Arc<str> = key.into();
-        for index in s.by_token.iter_mut() {
-            index.insert(&key);
+        let job = s.table.start_compaction();
+        let state = self.state.clone();
+        let started = std::thread::Builder::new().name("mirror-compaction".into()).spawn(move || {
+            let built = job.build();
+            state.writing().table.install(built);
+        });
+        if started.is_err() {
+            // No thread to build on: the delta keeps growing until a later try.
+            s.table.abandon_compaction();
         }
-        s.entries.insert(key, stored);
     }
 
     /// Records a delete or purge seen at `revision`: the key is gone, its marker stays.
     pub fn delete(&self, key: &str, revision: u64) {
         let mut s = self.write();
         s.revision = s.revision.max(revision);
-        let key = match s.entries.remove_entry(key) {
-            Some((key, old)) => {
-                s.account(0, key.len() + old.value.len());
-                s.count(&key, -1, -((key.len() + old.value.len()) as i64));
-                for index in s.by_token.iter_mut() {
-                    index.remove(&key);
-                }
-                key
-            }
-            None => key.into(),
-        };
-        s.tombstones.insert(key, revision);
+        if let Some(was) = s.table.remove(key) {
+            s.account(0, key.len() + was);
+            s.count(key, -1, -((key.len() + was) as i64));
+        }
+        s.tombstones.insert(key.into(), revision);
+        self.compact_if_due(&mut s);
     }
 
     /// Records that the bucket is at least at `revision` (its stream's last sequence when a
@@ -477,7 +431,7 @@ impl Mirror {
     /// The revision applied and the subjects held, read together.
     pub fn census(&self) -> Census {
         let s = self.read();
-        Census { revision: s.revision, subjects: (s.entries.len() + s.tombstones.len()) as u64, ready: s.ready }
+        Census { revision: s.revision, subjects: (s.table.len() + s.tombstones.len()) as u64, ready: s.ready }
     }
 
     /// The generation of the contents (see the field).
@@ -500,18 +454,15 @@ impl Mirror {
     /// there was nothing to visit. A walk in steps, so that a writer waits one step at most.
     pub fn visit(&self, after: Option<&str>, visit: &mut dyn FnMut(&str, u64, &[u8]) -> bool) -> Option<Arc<str>> {
         let s = self.read();
-        let range = match after {
-            Some(a) => s.entries.range::<str, _>((Bound::Excluded(a), Bound::Unbounded)),
-            None => s.entries.range::<str, _>(..),
-        };
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut last = None;
-        for (key, stored) in range {
-            last = Some(key.clone());
-            if !visit(key, stored.revision, &stored.value) {
+        for (key, revision, value) in s.table.range(start) {
+            last = Some(key);
+            if !visit(key, revision, value) {
                 break;
             }
         }
-        last
+        last.map(Arc::from)
     }
 
     /// The keys whose last message is a delete or purge marker, with its revision.
@@ -519,49 +470,40 @@ impl Mirror {
         self.read().tombstones.iter().map(|(k, r)| (k.clone(), *r)).collect()
     }
 
-    /// Fills an empty mirror at once (a snapshot loaded): `entries` in strictly ascending key
-    /// order (a caller's bug otherwise: refused), the markers, the revision the contents are
-    /// as of and the stream they come from.
-    pub fn restore(&self, entries: Vec<(Arc<str>, u64, Box<[u8]>)>, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
-        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
-            return Err(Error::new(ErrorKind::Invalid, "entries to restore are not in ascending key order"));
-        }
+    /// Fills an empty mirror at once (a snapshot loaded): `entries` (in key order, as a
+    /// [`Sorted`] holds them), the markers, the revision the contents are as of and the stream
+    /// they come from.
+    pub fn restore(&self, entries: Sorted, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
         let mut s = self.write();
-        if !s.entries.is_empty() || !s.tombstones.is_empty() {
+        if s.table.len() > 0 || !s.tombstones.is_empty() {
             return Err(Error::new(ErrorKind::Invalid, "a mirror is restored only when empty"));
         }
-        let mut bytes = 0;
         // Keys in order: each writer's (first token's) keys are one run, counted once.
-        let counting = s.writers.is_some();
-        let mut runs: Vec<(Box<str>, u64, u64)> = Vec::new();
-        let map: BTreeMap<Arc<str>, Stored> = entries
-            .into_iter()
-            .map(|(key, revision, value)| {
-                let size = key.len() + value.len();
-                bytes += size;
-                if counting {
-                    let writer = key.split('.').next().unwrap_or(&key);
-                    match runs.last_mut() {
-                        Some((w, keys, b)) if **w == *writer => {
-                            *keys += 1;
-                            *b += size as u64;
-                        }
-                        _ => runs.push((writer.into(), 1, size as u64)),
+        if s.writers.is_some() {
+            let mut runs: Vec<(Box<str>, u64, u64)> = Vec::new();
+            for pos in 0..entries.len() {
+                let (key, _, value) = entries.get_at(pos);
+                let size = (key.len() + value.len()) as u64;
+                let writer = key.split('.').next().unwrap_or(key);
+                match runs.last_mut() {
+                    Some((w, keys, b)) if **w == *writer => {
+                        *keys += 1;
+                        *b += size;
                     }
+                    _ => runs.push((writer.into(), 1, size)),
                 }
-                (key, Stored { revision, value })
-            })
-            .collect();
-        s.entries = map;
-        if let Some(writers) = s.writers.as_mut() {
-            for (writer, keys, b) in runs {
-                let c = writers.entry(writer).or_insert((0, 0));
-                c.0 += keys;
-                c.1 += b;
+            }
+            if let Some(writers) = s.writers.as_mut() {
+                for (writer, keys, b) in runs {
+                    let c = writers.entry(writer).or_insert((0, 0));
+                    c.0 += keys;
+                    c.1 += b;
+                }
             }
         }
-        s.account(bytes, 0);
-        s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.entries.contains_key(&**k)).collect();
+        s.account(entries.raw_bytes(), 0);
+        s.table = Table::from_sorted(entries);
+        s.tombstones = tombstones.into_iter().filter(|(k, _)| !s.table.contains(k)).collect();
         s.revision = s.revision.max(revision);
         s.origin = Some(origin);
         Ok(())
@@ -572,19 +514,17 @@ impl Mirror {
     /// said. The number forgotten.
     pub fn forget_below(&self, first: u64) -> usize {
         let mut s = self.write();
-        let gone: Vec<Arc<str>> = s.entries.iter().filter(|(_, v)| v.revision < first).map(|(k, _)| k.clone()).collect();
+        let gone: Vec<Box<str>> = s.table.range(Bound::Unbounded).filter(|e| e.1 < first).map(|e| e.0.into()).collect();
         let markers = s.tombstones.len();
         s.tombstones.retain(|_, r| *r >= first);
         let forgotten = gone.len() + markers - s.tombstones.len();
         for key in gone {
-            if let Some((key, old)) = s.entries.remove_entry(&key) {
-                s.account(0, key.len() + old.value.len());
-                s.count(&key, -1, -((key.len() + old.value.len()) as i64));
-                for index in s.by_token.iter_mut() {
-                    index.remove(&key);
-                }
+            if let Some(was) = s.table.remove(&key) {
+                s.account(0, key.len() + was);
+                s.count(&key, -1, -((key.len() + was) as i64));
             }
         }
+        self.compact_if_due(&mut s);
         forgotten
     }
 
@@ -603,25 +543,33 @@ impl Mirror {
     /// step: a reader sees the old contents or the new, never a half-built mirror. A bucket
     /// read in sync is no longer refused.
     pub fn adopt(&self, staged: &Mirror) {
-        let new = std::mem::take(&mut *staged.write());
+        let mut new = std::mem::take(&mut *staged.write());
+        // A base being built for the staged copy is installed there, in the empty copy (where
+        // it is discarded), never here.
+        new.table.abandon_compaction();
         let mut s = self.write();
         let old = std::mem::replace(&mut *s, new);
         // The staged bytes move here (counted once already); the old copy's are freed.
         shrank(old.bytes);
         s.ready = true;
+        self.compact_if_due(&mut s);
         self.generation.fetch_add(1, Ordering::AcqRel);
         drop(s);
         self.lag.store(staged.lag(), Ordering::Relaxed);
         self.update_health(|h| h.refused = None);
         // Freeing a large old copy takes a while: not on the thread that serves.
-        if old.entries.len() > 10_000 {
+        if old.table.len() > 10_000 {
             std::thread::spawn(move || drop(old));
         }
     }
 
     /// Marks the mirror as in sync (history replayed) or not (watch lost).
     pub fn set_ready(&self, ready: bool) {
-        self.write().ready = ready;
+        let mut s = self.write();
+        s.ready = ready;
+        // A replay builds new bases less often (see [`Table::compaction_due`]): once in sync,
+        // what it left in the delta is packed.
+        self.compact_if_due(&mut s);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -674,7 +622,7 @@ impl Mirror {
     }
 
     pub fn len(&self) -> usize {
-        self.read().entries.len()
+        self.read().table.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -689,7 +637,7 @@ impl Mirror {
     pub fn get(&self, key: &str) -> Result<Option<Entry>> {
         check_subject(key, false)?;
         let s = self.read();
-        Ok(s.entries.get(key).map(|v| Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() }))
+        Ok(s.table.get(key).map(|(revision, value)| Entry { key: key.to_string(), revision, value: value.to_vec() }))
     }
 
     /// Entries matching `filter`, strictly after `after`, at most `limit` (clamped to
@@ -715,38 +663,26 @@ impl Mirror {
     /// A scan of a filter that starts with a wildcard, from the index of the filter's literal
     /// `token` at `slot`: only the keys having that token there are looked at.
     fn scan_by_token(&self, pattern: &[&str], slot: Slot, token: &str, after: Option<&str>, limit: usize) -> Page {
-        let built = |s: &State| s.by_token.iter().any(|i| i.slot == slot);
-        if !built(&self.read()) {
+        if !self.read().table.has_index(slot) {
             let mut s = self.write_same_contents();
-            if !built(&s) && s.by_token.len() < MAX_INDEXES {
-                let mut index = ByToken::new(slot, s.hasher.clone());
-                for key in s.entries.keys() {
-                    index.insert(key);
-                }
-                s.by_token.push(index);
+            if s.table.indexes() < MAX_INDEXES {
+                s.table.build_index(slot);
             }
         }
         let s = self.read();
         let mut page = Page { revision: s.revision, ..Page::default() };
-        let Some(index) = s.by_token.iter().find(|i| i.slot == slot) else {
+        let Some(candidates) = s.table.by_token(slot, token, after) else {
             drop(s);
             // (Only when every index a mirror may build is taken: never with the slots chosen.)
             return self.walk(pattern, "", after, limit);
         };
-        let hash = index.hasher.hash_one(token);
-        let start = (hash, Arc::<str>::from(after.unwrap_or("")));
-        let start = if after.is_some() { Bound::Excluded(&start) } else { Bound::Included(&start) };
         let mut visited = 0;
-        for (h, key) in index.keys.range((start, Bound::Unbounded)) {
-            if *h != hash {
-                break;
-            }
+        for (key, revision, value) in candidates {
             visited += 1;
             if slot.token(key) != Some(token) || !matches(pattern, key) {
                 continue;
             }
-            let Some(v) = s.entries.get(key) else { continue };
-            if !page.offer(key, v, limit) {
+            if !page.offer(key, revision, value, limit) {
                 break;
             }
         }
@@ -755,7 +691,7 @@ impl Mirror {
     }
 
     /// The keys from `prefix` on (every key with an empty one), after `after`, matched against
-    /// `pattern`: the ordered map walked only while keys start with the prefix.
+    /// `pattern`: the table walked only while keys start with the prefix.
     fn walk(&self, pattern: &[&str], prefix: &str, after: Option<&str>, limit: usize) -> Page {
         let s = self.read();
         let start = match after {
@@ -764,7 +700,7 @@ impl Mirror {
         };
         let mut page = Page { revision: s.revision, ..Page::default() };
         let mut visited = 0;
-        for (key, v) in s.entries.range::<str, _>((start, Bound::Unbounded)) {
+        for (key, revision, value) in s.table.range(start) {
             visited += 1;
             if !key.starts_with(prefix) {
                 break;
@@ -772,7 +708,7 @@ impl Mirror {
             if !matches(pattern, key) {
                 continue;
             }
-            if !page.offer(key, v, limit) {
+            if !page.offer(key, revision, value, limit) {
                 break;
             }
         }
@@ -798,23 +734,19 @@ fn index_for<'a>(pattern: &[&'a str]) -> Option<(Slot, &'a str)> {
 impl Page {
     /// Adds the entry unless the page is full by count or by bytes (then marks it `more`);
     /// whether it was added.
-    fn offer(&mut self, key: &str, v: &Stored, limit: usize) -> bool {
-        if self.entries.len() == limit || self.full(key, &v.value) {
+    fn offer(&mut self, key: &str, revision: u64, value: &[u8], limit: usize) -> bool {
+        if self.entries.len() == limit || self.full(key, value) {
             self.more = true;
             return false;
         }
-        self.push(key, v);
+        self.bytes += key.len() + value.len();
+        self.entries.push(Entry { key: key.to_string(), revision, value: value.to_vec() });
         true
     }
 
     /// Whether adding this entry would take the page past [`MAX_PAGE_BYTES`] (never the first).
     fn full(&self, key: &str, value: &[u8]) -> bool {
         !self.entries.is_empty() && self.bytes + key.len() + value.len() > MAX_PAGE_BYTES
-    }
-
-    fn push(&mut self, key: &str, v: &Stored) {
-        self.bytes += key.len() + v.value.len();
-        self.entries.push(Entry { key: key.to_string(), revision: v.revision, value: v.value.to_vec() });
     }
 }
 
@@ -1116,6 +1048,53 @@ mod tests {
         assert_eq!((m.census().subjects, m.len()), (3, 1));
         m.clear();
         assert_eq!(m.census().subjects, 0);
+    }
+
+    /// Waits for the mirror's compaction under way, if any, to be installed.
+    fn settled(m: &Mirror) {
+        for _ in 0..2000 {
+            if !m.read().table.compacting() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("a compaction never landed");
+    }
+
+    #[test]
+    fn packs_its_entries_in_the_background_without_moving_an_answer_or_the_version() {
+        let m = Mirror::counting_writers();
+        m.set_ready(true);
+        let _ = m.scan("*.*.config", None, 1).unwrap();
+        let key = |i: usize| format!("n{}.m{i:05}.{}", i % 7, if i % 3 == 0 { "secret" } else { "config" });
+        for i in 0..30_000 {
+            m.put(&key(i), i as u64 + 1, format!("v{i}").as_bytes());
+            if i % 5 == 4 {
+                m.delete(&key(i - 2), i as u64 + 1);
+            }
+        }
+        let v = m.version();
+        settled(&m);
+        assert_eq!(m.version(), v, "a new base holds the same contents: a reply kept over them stays good");
+        assert!(m.read().table.delta_len() < 30_000 / 4, "most entries are packed in the base");
+        let want: Vec<String> = (0..30_000).filter(|i| i % 5 != 2).map(key).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        assert_eq!(m.len(), want.len());
+        let mut got = Vec::new();
+        m.visit(None, &mut |k, _, v| {
+            assert_eq!(v, format!("v{}", &k[4..9].trim_start_matches('0').parse::<usize>().unwrap_or(0)).as_bytes());
+            got.push(k.to_string());
+            true
+        });
+        assert_eq!(got, want);
+        let secrets = m.scan("*.*.secret", None, MAX_SCAN).unwrap();
+        assert_eq!(keys(&secrets), want.iter().filter(|k| k.ends_with("secret")).map(String::as_str).collect::<Vec<_>>());
+        let configs = m.scan("*.*.config", Some(&want[100]), 5).unwrap();
+        assert_eq!(keys(&configs), want[101..].iter().filter(|k| k.ends_with("config")).take(5).map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(m.get(&want[17]).unwrap().map(|e| e.key), Some(want[17].clone()));
+        assert_eq!(m.get(&key(2)).unwrap(), None, "deleted");
+        let held: u64 = want.iter().map(|k| (k.len() + format!("v{}", &k[4..9].trim_start_matches('0').parse::<usize>().unwrap_or(0)).len()) as u64).sum();
+        assert_eq!(m.bytes() as u64, held);
+        assert_eq!(m.writers_over(Quota { keys: 0, bytes: 0 }).iter().map(|w| w.keys).sum::<u64>(), want.len() as u64);
     }
 
     #[test]

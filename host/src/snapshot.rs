@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use crate::mirror::{Mirror, MAX_SUBJECT};
+use crate::mirror::{Mirror, Sorted, MAX_SUBJECT};
 
 const MAGIC: &[u8; 8] = b"MPMIRROR";
 const VERSION: u32 = 1;
@@ -170,7 +170,7 @@ impl Snapshots {
         if read.origin != stream.created_ns {
             return Err(refused(&path, "it is of another stream (the bucket was made anew)".into()));
         }
-        let newest = read.entries.iter().map(|e| e.1).chain(read.markers.iter().map(|m| m.1)).max().unwrap_or(0).max(read.revision);
+        let newest = read.markers.iter().map(|m| m.1).max().unwrap_or(0).max(read.entries.max_revision()).max(read.revision);
         if newest > stream.last_sequence {
             return Err(refused(&path, format!("it holds revision {newest}, past the stream's last {} (the bucket was made anew)", stream.last_sequence)));
         }
@@ -256,7 +256,7 @@ impl Write for Hashing<'_> {
 struct Read_ {
     origin: i128,
     revision: u64,
-    entries: Vec<(Arc<str>, u64, Box<[u8]>)>,
+    entries: Sorted,
     markers: Vec<(Arc<str>, u64)>,
 }
 
@@ -333,22 +333,20 @@ fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
     }
     let origin = i128::from_le_bytes(src.array("the header")?);
     let revision = src.u64("the header")?;
-    // About the size of an entry of a node client's bucket: one allocation, most of the time.
-    let mut entries: Vec<(Arc<str>, u64, Box<[u8]>)> = Vec::with_capacity(body.len() / 64);
+    // The packed records take about the file's bytes; a record per 64 of them is about the
+    // size of an entry of a node client's bucket: one allocation each, most of the time.
+    let mut entries = Sorted::with_capacity(body.len() / 64, body.len());
     let mut markers: Vec<(Arc<str>, u64)> = Vec::new();
-    let mut last: &str = "";
     loop {
         match src.u8("a record")? {
             ENTRY => {
                 let key = src.key("a key")?;
-                if !entries.is_empty() && last >= key {
-                    return Err(format!("key {key:?} is out of order"));
-                }
-                last = key;
                 let rev = src.u64("a revision")?;
                 let len = src.u32("a value")?;
                 let value = src.bytes(len, MAX_VALUE, "a value")?;
-                entries.push((Arc::from(key), rev, Box::from(value)));
+                if !entries.push(key, rev, value) {
+                    return Err(format!("key {key:?} is out of order"));
+                }
             }
             MARKER => {
                 let key = src.key("a marker's key")?;
@@ -367,10 +365,11 @@ fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
         if !seen.insert(k.clone()) {
             return Err(format!("the marker of {k:?} is there twice"));
         }
-        if entries.binary_search_by(|e| e.0.cmp(k)).is_ok() {
+        if entries.contains(k) {
             return Err(format!("key {k:?} is both held and deleted"));
         }
     }
+    entries.shrink_to_fit();
     Ok(Read_ { origin, revision, entries, markers })
 }
 

@@ -1,0 +1,688 @@
+//! The compact ordered table a mirror keeps its entries in.
+//!
+//! Most entries live in a *base*: one byte arena holding every record in key order (the
+//! revision and the key's and value's lengths as varints, then the key, then the value) and one
+//! `u32` offset per record. A million 70-byte entries cost about 80 MiB this way, where an
+//! ordered map of boxed keys and values costs three times the raw bytes (a tree slot and two
+//! allocations per entry). A base never changes once built; what changes after it is an ordered
+//! *delta* (new and rewritten keys) and one bit per base record saying it is no longer current
+//! (rewritten or deleted). When the delta outgrows a sixteenth of the table, a new base is built
+//! from both on a thread of its own, from a copy taken under the mirror's lock, and installed
+//! under the write lock with the changes made meanwhile (its journal) laid over it: readers
+//! never wait for a build, only for an install, which costs in proportion to those changes.
+//!
+//! A token index (see the mirror's doc) is, over the base, its positions sorted by (hash of the
+//! token, position) — 4 bytes a key — and over the delta an ordered set of (hash, key).
+//! The table splits a key at dots only to find an index's token; it knows nothing of what a key
+//! means.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Which token of a key an index is by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Slot {
+    /// The token at this position (from 0; 0 itself is never indexed: the table is in key order).
+    At(usize),
+    /// The last token, whatever the key's length.
+    Last,
+}
+
+impl Slot {
+    pub(crate) fn token(self, key: &str) -> Option<&str> {
+        match self {
+            Slot::At(p) => key.split('.').nth(p),
+            Slot::Last => Some(key.rsplit('.').next().unwrap_or(key)),
+        }
+    }
+}
+
+/// One entry changed since the base was built.
+#[derive(Debug, Clone)]
+struct Stored {
+    revision: u64,
+    value: Box<[u8]>,
+}
+
+/// Entries in strictly ascending key order, packed: what a table's base is, and what a
+/// snapshot is read into.
+#[derive(Debug, Default)]
+pub struct Sorted {
+    arena: Vec<u8>,
+    /// The low 32 bits of each record's offset in `arena`.
+    low: Vec<u32>,
+    /// The positions from which offsets are one more 4 GiB further (offsets only grow).
+    wraps: Vec<u32>,
+    /// The bytes of the keys and values.
+    raw: usize,
+    max_revision: u64,
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint(b: &[u8], at: &mut usize) -> u64 {
+    let mut v = 0u64;
+    let mut shift = 0;
+    while let Some(&byte) = b.get(*at) {
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift.min(63);
+        if byte < 0x80 {
+            break;
+        }
+        shift += 7;
+    }
+    v
+}
+
+impl Sorted {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Room for `entries` records of `bytes` raw bytes in all.
+    pub fn with_capacity(entries: usize, bytes: usize) -> Self {
+        Sorted { arena: Vec::with_capacity(bytes + entries * 4), low: Vec::with_capacity(entries), ..Self::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.low.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.low.is_empty()
+    }
+
+    /// The bytes of the keys and values held.
+    pub fn raw_bytes(&self) -> usize {
+        self.raw
+    }
+
+    /// The newest revision of a record.
+    pub fn max_revision(&self) -> u64 {
+        self.max_revision
+    }
+
+    /// Adds a record after the last; false (nothing added) unless `key` sorts after it.
+    pub fn push(&mut self, key: &str, revision: u64, value: &[u8]) -> bool {
+        if let Some(last) = self.len().checked_sub(1) {
+            if self.key_bytes(last) >= key.as_bytes() {
+                return false;
+            }
+        }
+        self.push_unchecked(key, revision, value);
+        true
+    }
+
+    fn push_unchecked(&mut self, key: &str, revision: u64, value: &[u8]) {
+        let at = self.arena.len();
+        while (at >> 32) > self.wraps.len() {
+            self.wraps.push(self.low.len() as u32);
+        }
+        self.low.push(at as u32);
+        put_varint(&mut self.arena, revision);
+        put_varint(&mut self.arena, key.len() as u64);
+        put_varint(&mut self.arena, value.len() as u64);
+        self.arena.extend_from_slice(key.as_bytes());
+        self.arena.extend_from_slice(value);
+        self.raw += key.len() + value.len();
+        self.max_revision = self.max_revision.max(revision);
+    }
+
+    /// Gives back the room reserved and not used.
+    pub fn shrink_to_fit(&mut self) {
+        self.arena.shrink_to_fit();
+        self.low.shrink_to_fit();
+    }
+
+    fn offset(&self, pos: usize) -> usize {
+        let high = self.wraps.partition_point(|&w| w as usize <= pos);
+        (high << 32) | self.low[pos] as usize
+    }
+
+    /// The record at `pos`: its key's bytes, revision and value.
+    fn parts(&self, pos: usize) -> (&[u8], u64, &[u8]) {
+        let mut at = self.offset(pos);
+        let revision = varint(&self.arena, &mut at);
+        let klen = varint(&self.arena, &mut at) as usize;
+        let vlen = varint(&self.arena, &mut at) as usize;
+        let key = self.arena.get(at..at + klen).unwrap_or_default();
+        let value = self.arena.get(at + klen..at + klen + vlen).unwrap_or_default();
+        (key, revision, value)
+    }
+
+    fn key_bytes(&self, pos: usize) -> &[u8] {
+        self.parts(pos).0
+    }
+
+    /// The record at `pos`. Keys went in as `&str`, so they come out as one.
+    pub(crate) fn get_at(&self, pos: usize) -> (&str, u64, &[u8]) {
+        let (key, revision, value) = self.parts(pos);
+        (std::str::from_utf8(key).unwrap_or_default(), revision, value)
+    }
+
+    /// Where `key` is, or where it would go.
+    fn find(&self, key: &[u8]) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.key_bytes(mid).cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.find(key.as_bytes()).is_ok()
+    }
+
+    /// The first position at or after `start`.
+    fn lower_bound(&self, start: Bound<&str>) -> usize {
+        match start {
+            Bound::Unbounded => 0,
+            Bound::Included(k) => self.find(k.as_bytes()).unwrap_or_else(|p| p),
+            Bound::Excluded(k) => self.find(k.as_bytes()).map(|p| p + 1).unwrap_or_else(|p| p),
+        }
+    }
+}
+
+/// One bit per base record: set when the record is no longer current.
+#[derive(Debug, Clone, Default)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(len: usize) -> Self {
+        Bits(vec![0; len.div_ceil(64)])
+    }
+    fn get(&self, i: usize) -> bool {
+        self.0.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+    /// Sets bit `i`; whether it was clear.
+    fn set(&mut self, i: usize) -> bool {
+        let Some(w) = self.0.get_mut(i / 64) else { return false };
+        let was = *w >> (i % 64) & 1 == 1;
+        *w |= 1 << (i % 64);
+        !was
+    }
+}
+
+/// One token index: the base's positions by (hash of the token, position), the delta's keys by
+/// (hash, key). A base record not current is skipped on reading.
+#[derive(Debug)]
+struct Index {
+    slot: Slot,
+    base: Vec<u32>,
+    delta: BTreeSet<(u64, Arc<str>)>,
+}
+
+/// Sorts the base's positions that have `slot`'s token by (hash of it, position).
+fn index_base(base: &Sorted, slot: Slot, hasher: &RandomState) -> Vec<u32> {
+    let mut by: Vec<(u64, u32)> = (0..base.len()).filter_map(|p| slot.token(base.get_at(p).0).map(|t| (hasher.hash_one(t), p as u32))).collect();
+    by.sort_unstable();
+    let mut positions: Vec<u32> = by.into_iter().map(|(_, p)| p).collect();
+    positions.shrink_to_fit();
+    positions
+}
+
+/// A compaction under way: its identity, and the keys changed since its copy was taken.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    journal: Vec<Arc<str>>,
+}
+
+/// Identities of tables and compactions, unique in the process: a base built for one table
+/// never lands in another (a table moved whole to another mirror, or emptied).
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Fewest changed entries worth a new base.
+const MIN_DELTA: usize = 4096;
+
+/// A mirror's entries (see the module's doc).
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    base: Arc<Sorted>,
+    dead: Bits,
+    dead_count: usize,
+    delta: BTreeMap<Arc<str>, Stored>,
+    indexes: Vec<Index>,
+    /// The hasher every index of this table uses (random per table: no writer can aim keys at
+    /// one hash).
+    hasher: RandomState,
+    pending: Option<Pending>,
+}
+
+/// What a compaction builds from, taken under the lock: the base, its bits, the delta.
+pub(crate) struct Job {
+    id: u64,
+    base: Arc<Sorted>,
+    dead: Bits,
+    delta: Vec<(Arc<str>, Stored)>,
+    slots: Vec<Slot>,
+    hasher: RandomState,
+}
+
+/// A new base, built off the lock, to install.
+pub(crate) struct Built {
+    id: u64,
+    base: Sorted,
+    indexes: Vec<(Slot, Vec<u32>)>,
+}
+
+impl Job {
+    /// Merges the base's current records and the delta into a new base (no lock held).
+    pub(crate) fn build(self) -> Built {
+        let mut out = Sorted::with_capacity(self.base.len() + self.delta.len(), self.base.arena.len() + self.delta.iter().map(|(k, v)| k.len() + v.value.len()).sum::<usize>());
+        let mut delta = self.delta.iter().peekable();
+        for pos in 0..self.base.len() {
+            if self.dead.get(pos) {
+                continue;
+            }
+            let (key, revision, value) = self.base.get_at(pos);
+            while let Some((k, v)) = delta.next_if(|(k, _)| **k < *key) {
+                out.push_unchecked(k, v.revision, &v.value);
+            }
+            out.push_unchecked(key, revision, value);
+        }
+        for (k, v) in delta {
+            out.push_unchecked(k, v.revision, &v.value);
+        }
+        out.shrink_to_fit();
+        let indexes = self.slots.iter().map(|&s| (s, index_base(&out, s, &self.hasher))).collect();
+        Built { id: self.id, base: out, indexes }
+    }
+}
+
+impl Table {
+    /// A table whose base is `base`.
+    pub(crate) fn from_sorted(base: Sorted) -> Self {
+        let dead = Bits::new(base.len());
+        Table { base: Arc::new(base), dead, ..Self::default() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.base.len() - self.dead_count + self.delta.len()
+    }
+
+    /// Entries in the delta (changed since the base was built).
+    #[cfg(test)]
+    pub(crate) fn delta_len(&self) -> usize {
+        self.delta.len()
+    }
+
+    fn base_pos(&self, key: &str) -> Option<usize> {
+        self.base.find(key.as_bytes()).ok().filter(|&p| !self.dead.get(p))
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<(u64, &[u8])> {
+        if let Some(v) = self.delta.get(key) {
+            return Some((v.revision, &v.value));
+        }
+        self.base_pos(key).map(|p| {
+            let (_, revision, value) = self.base.get_at(p);
+            (revision, value)
+        })
+    }
+
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.delta.contains_key(key) || self.base_pos(key).is_some()
+    }
+
+    fn journal(&mut self, key: &Arc<str>) {
+        if let Some(p) = self.pending.as_mut() {
+            p.journal.push(key.clone());
+        }
+    }
+
+    /// Sets `key`; the length of the value it replaces, if it had one.
+    pub(crate) fn insert(&mut self, key: &str, revision: u64, value: &[u8]) -> Option<usize> {
+        let stored = Stored { revision, value: value.into() };
+        if let Some((k, old)) = self.delta.get_key_value(key) {
+            let (k, was) = (k.clone(), old.value.len());
+            self.delta.insert(k.clone(), stored);
+            self.journal(&k);
+            return Some(was);
+        }
+        let was = self.base_pos(key).map(|p| {
+            self.dead.set(p);
+            self.dead_count += 1;
+            self.base.get_at(p).2.len()
+        });
+        let key: Arc<str> = key.into();
+        for index in self.indexes.iter_mut() {
+            if let Some(t) = index.slot.token(&key) {
+                index.delta.insert((self.hasher.hash_one(t), key.clone()));
+            }
+        }
+        self.journal(&key);
+        self.delta.insert(key, stored);
+        was
+    }
+
+    /// Removes `key`; the length of its value, if it had one.
+    pub(crate) fn remove(&mut self, key: &str) -> Option<usize> {
+        if let Some((k, old)) = self.delta.remove_entry(key) {
+            for index in self.indexes.iter_mut() {
+                if let Some(t) = index.slot.token(&k) {
+                    index.delta.remove(&(self.hasher.hash_one(t), k.clone()));
+                }
+            }
+            self.journal(&k);
+            return Some(old.value.len());
+        }
+        let p = self.base_pos(key)?;
+        self.dead.set(p);
+        self.dead_count += 1;
+        self.journal(&Arc::from(key));
+        Some(self.base.get_at(p).2.len())
+    }
+
+    /// The current entries from `start` on, in key order.
+    pub(crate) fn range<'a>(&'a self, start: Bound<&str>) -> impl Iterator<Item = (&'a str, u64, &'a [u8])> + 'a {
+        let from = self.base.lower_bound(start);
+        let base = (from..self.base.len()).filter(|&p| !self.dead.get(p)).map(|p| self.base.get_at(p));
+        let delta = self.delta.range::<str, _>((start, Bound::Unbounded)).map(|(k, v)| (&**k, v.revision, &*v.value));
+        Merge { a: base.peekable(), b: delta.peekable() }
+    }
+
+    pub(crate) fn has_index(&self, slot: Slot) -> bool {
+        self.indexes.iter().any(|i| i.slot == slot)
+    }
+
+    pub(crate) fn indexes(&self) -> usize {
+        self.indexes.len()
+    }
+
+    /// Builds the index of `slot` (a scan needs it), unless it exists.
+    pub(crate) fn build_index(&mut self, slot: Slot) {
+        if self.has_index(slot) {
+            return;
+        }
+        let base = index_base(&self.base, slot, &self.hasher);
+        let delta = self.delta.keys().filter_map(|k| slot.token(k).map(|t| (self.hasher.hash_one(t), k.clone()))).collect();
+        self.indexes.push(Index { slot, base, delta });
+    }
+
+    /// The current entries whose `slot` token hashes as `token` does, after `after`, in key
+    /// order: a superset of those whose token is `token` (hashes collide), `None` when there is
+    /// no index of `slot`.
+    pub(crate) fn by_token<'a>(&'a self, slot: Slot, token: &str, after: Option<&str>) -> Option<impl Iterator<Item = (&'a str, u64, &'a [u8])> + 'a> {
+        let index = self.indexes.iter().find(|i| i.slot == slot)?;
+        let hash = self.hasher.hash_one(token);
+        let hash_at = move |p: u32| slot.token(self.base.get_at(p as usize).0).map(|t| self.hasher.hash_one(t));
+        let before = |p: u32| match hash_at(p) {
+            Some(h) if h != hash => h < hash,
+            _ => after.is_some_and(|a| self.base.key_bytes(p as usize) <= a.as_bytes()),
+        };
+        let from = index.base.partition_point(|&p| before(p));
+        let base = index.base[from..]
+            .iter()
+            .take_while(move |&&p| hash_at(p) == Some(hash))
+            .filter(|&&p| !self.dead.get(p as usize))
+            .map(|&p| self.base.get_at(p as usize));
+        let start = (hash, Arc::<str>::from(after.unwrap_or("")));
+        let start = if after.is_some() { Bound::Excluded(start) } else { Bound::Included(start) };
+        let delta = index
+            .delta
+            .range((start, Bound::Unbounded))
+            .take_while(move |(h, _)| *h == hash)
+            .filter_map(|(_, k)| self.delta.get_key_value(&**k))
+            .map(|(k, v)| (&**k, v.revision, &*v.value));
+        Some(Merge { a: base.peekable(), b: delta.peekable() })
+    }
+
+    /// Whether the delta is large enough to be built into a new base (a larger share while
+    /// `replaying`, when the table grows fast and each build would soon be outgrown).
+    pub(crate) fn compaction_due(&self, replaying: bool) -> bool {
+        self.pending.is_none() && self.delta.len() >= MIN_DELTA.max(self.len() / if replaying { 2 } else { 16 })
+    }
+
+    /// Starts a compaction: what to build a new base from. Changes from now on are journaled.
+    pub(crate) fn start_compaction(&mut self) -> Job {
+        let id = next_id();
+        self.pending = Some(Pending { id, journal: Vec::new() });
+        Job {
+            id,
+            base: self.base.clone(),
+            dead: self.dead.clone(),
+            delta: self.delta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            slots: self.indexes.iter().map(|i| i.slot).collect(),
+            hasher: self.hasher.clone(),
+        }
+    }
+
+    /// Forgets a compaction under way: its base will not be installed (the table was moved or
+    /// emptied; its changes are no longer journaled).
+    pub(crate) fn abandon_compaction(&mut self) {
+        self.pending = None;
+    }
+
+    /// Whether a compaction is under way.
+    #[cfg(test)]
+    pub(crate) fn compacting(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Installs a built base, the changes made since its copy laid over it; nothing when it is
+    /// not this table's compaction under way.
+    pub(crate) fn install(&mut self, built: Built) -> bool {
+        if self.pending.as_ref().map(|p| p.id) != Some(built.id) {
+            return false;
+        }
+        let journal = self.pending.take().map(|p| p.journal).unwrap_or_default();
+        let changed: HashSet<&str> = journal.iter().map(|k| &**k).collect();
+        let base = built.base;
+        let mut dead = Bits::new(base.len());
+        let mut dead_count = 0;
+        for k in &changed {
+            if let Ok(p) = base.find(k.as_bytes()) {
+                if dead.set(p) {
+                    dead_count += 1;
+                }
+            }
+        }
+        let delta: BTreeMap<Arc<str>, Stored> = std::mem::take(&mut self.delta).into_iter().filter(|(k, _)| changed.contains(&**k)).collect();
+        let mut indexes = Vec::with_capacity(self.indexes.len());
+        let mut built_indexes = built.indexes;
+        for slot in self.indexes.iter().map(|i| i.slot) {
+            let base_index = match built_indexes.iter().position(|(s, _)| *s == slot) {
+                Some(i) => built_indexes.swap_remove(i).1,
+                // Built since the copy was taken: built again over the new base.
+                None => index_base(&base, slot, &self.hasher),
+            };
+            let delta = delta.keys().filter_map(|k| slot.token(k).map(|t| (self.hasher.hash_one(t), k.clone()))).collect();
+            indexes.push(Index { slot, base: base_index, delta });
+        }
+        drop(changed);
+        self.base = Arc::new(base);
+        self.dead = dead;
+        self.dead_count = dead_count;
+        self.delta = delta;
+        self.indexes = indexes;
+        true
+    }
+}
+
+/// Two iterators in ascending key order, merged (no key is in both).
+struct Merge<A: Iterator, B: Iterator> {
+    a: std::iter::Peekable<A>,
+    b: std::iter::Peekable<B>,
+}
+
+impl<'a, A, B> Iterator for Merge<A, B>
+where
+    A: Iterator<Item = (&'a str, u64, &'a [u8])>,
+    B: Iterator<Item = (&'a str, u64, &'a [u8])>,
+{
+    type Item = (&'a str, u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match (self.a.peek(), self.b.peek()) {
+            (Some(x), Some(y)) if y.0 < x.0 => self.b.next(),
+            (Some(_), _) => self.a.next(),
+            (None, _) => self.b.next(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (no dependency for it).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn key(r: &mut Rng) -> String {
+        format!("n{}.m{}.{}", r.below(5), r.below(40), ["config", "secret", "dir"][r.below(3) as usize])
+    }
+
+    fn contents(t: &Table) -> Vec<(String, u64, Vec<u8>)> {
+        t.range(Bound::Unbounded).map(|(k, r, v)| (k.to_string(), r, v.to_vec())).collect()
+    }
+
+    fn model_contents(m: &BTreeMap<String, (u64, Vec<u8>)>) -> Vec<(String, u64, Vec<u8>)> {
+        m.iter().map(|(k, (r, v))| (k.clone(), *r, v.clone())).collect()
+    }
+
+    #[test]
+    fn packs_records_and_finds_them_by_key() {
+        let mut s = Sorted::new();
+        assert!(s.push("a.b", 7, b"one"));
+        assert!(s.push("a.c", 300, b""));
+        assert!(s.push("b", u64::MAX, &[0xff; 200]));
+        assert!(!s.push("a.z", 1, b"x"), "out of order is refused");
+        assert!(!s.push("b", 1, b"x"), "a key twice is refused");
+        assert_eq!((s.len(), s.raw_bytes(), s.max_revision()), (3, 3 + 3 + 3 + 1 + 200, u64::MAX));
+        assert_eq!(s.get_at(1), ("a.c", 300, &b""[..]));
+        assert_eq!(s.get_at(2).2.len(), 200);
+        assert!(s.contains("a.b") && !s.contains("a") && !s.contains("c"));
+        assert_eq!(s.lower_bound(Bound::Excluded("a.b")), 1);
+        assert_eq!(s.lower_bound(Bound::Included("a.bb")), 1);
+    }
+
+    #[test]
+    fn offsets_past_4_gib_are_told_apart_by_their_wraps() {
+        // The arithmetic without 4 GiB of memory: a wrap at position 2.
+        let s = Sorted { low: vec![10, 20, 5, 9], wraps: vec![2], ..Sorted::default() };
+        assert_eq!((s.offset(1), s.offset(2), s.offset(3)), (20, (1 << 32) | 5, (1 << 32) | 9));
+    }
+
+    #[test]
+    fn answers_as_an_ordered_map_would_through_writes_compactions_and_journaled_changes() {
+        for seed in 1..40u64 {
+            let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut t = Table::default();
+            let mut model: BTreeMap<String, (u64, Vec<u8>)> = BTreeMap::new();
+            let mut job: Option<Job> = None;
+            if seed % 3 == 0 {
+                t.build_index(Slot::Last);
+                t.build_index(Slot::At(1));
+            }
+            for step in 0..600u64 {
+                let k = key(&mut r);
+                match r.below(10) {
+                    0..=5 => {
+                        let v = vec![b'v'; r.below(8) as usize];
+                        let was = t.insert(&k, step, &v);
+                        assert_eq!(was, model.insert(k, (step, v)).map(|o| o.1.len()));
+                    }
+                    6..=7 => assert_eq!(t.remove(&k), model.remove(&k).map(|o| o.1.len())),
+                    8 if job.is_none() && !t.compacting() => job = Some(t.start_compaction()),
+                    _ => {
+                        if let Some(j) = job.take() {
+                            assert!(t.install(j.build()));
+                        }
+                    }
+                }
+                if step % 50 == 0 && seed % 2 == 0 {
+                    t.build_index(Slot::At(2));
+                }
+                assert_eq!(t.len(), model.len(), "seed {seed} step {step}");
+            }
+            assert_eq!(contents(&t), model_contents(&model), "seed {seed}");
+            for (k, (rev, v)) in &model {
+                assert_eq!(t.get(k), Some((*rev, &v[..])));
+            }
+            assert_eq!(t.get("n9.none"), None);
+            // Ranges from every key and between keys.
+            for (k, _) in model.iter().step_by(7) {
+                let want: Vec<&String> = model.range::<String, _>((Bound::Excluded(k), Bound::Unbounded)).map(|e| e.0).collect();
+                let got: Vec<&str> = t.range(Bound::Excluded(k)).map(|e| e.0).collect();
+                assert_eq!(got, want);
+            }
+            // Every index answers by token, from any cursor.
+            for slot in [Slot::Last, Slot::At(1), Slot::At(2)] {
+                if !t.has_index(slot) {
+                    continue;
+                }
+                for token in ["config", "m3", "secret", "n1"] {
+                    let want: Vec<&String> = model.keys().filter(|k| slot.token(k) == Some(token)).collect();
+                    let got: Vec<&str> = t.by_token(slot, token, None).unwrap().map(|e| e.0).filter(|k| slot.token(k) == Some(token)).collect();
+                    assert_eq!(got, want, "seed {seed} {slot:?} {token}");
+                    if let Some(mid) = want.get(want.len() / 2) {
+                        let rest: Vec<&str> = t.by_token(slot, token, Some(mid)).unwrap().map(|e| e.0).filter(|k| slot.token(k) == Some(token)).collect();
+                        assert_eq!(rest, want[want.len() / 2 + 1..].to_vec());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_compaction_of_another_table_or_an_abandoned_one_is_not_installed() {
+        let mut a = Table::default();
+        a.insert("x", 1, b"1");
+        let job = a.start_compaction();
+        a.abandon_compaction();
+        assert!(!a.install(job.build()));
+        let mut b = Table::default();
+        let job = a.start_compaction();
+        let _ = b.start_compaction();
+        assert!(!b.install(job.build()), "b's compaction is another");
+        assert_eq!(contents(&a), vec![("x".to_string(), 1, b"1".to_vec())]);
+    }
+
+    #[test]
+    fn a_compaction_leaves_a_small_delta_and_is_due_again_only_when_it_grows() {
+        let mut t = Table::default();
+        for i in 0..MIN_DELTA * 2 {
+            t.insert(&format!("k{i:06}"), i as u64, b"value");
+        }
+        assert!(t.compaction_due(false));
+        let job = t.start_compaction();
+        assert!(!t.compaction_due(false), "one at a time");
+        t.insert("k000001", 99, b"new");
+        t.remove("k000002");
+        t.insert("z", 100, b"z");
+        assert!(t.install(job.build()));
+        assert_eq!((t.delta_len(), t.len()), (2, MIN_DELTA * 2), "only what changed meanwhile stays in the delta");
+        assert_eq!(t.get("k000001"), Some((99, &b"new"[..])));
+        assert_eq!(t.get("k000002"), None);
+        assert!(!t.compaction_due(false));
+    }
+}
