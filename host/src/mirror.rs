@@ -457,12 +457,13 @@ impl Mirror {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut last = None;
         for (key, revision, value) in s.table.range(start) {
+            let stop = !visit(&key, revision, value);
             last = Some(key);
-            if !visit(key, revision, value) {
+            if stop {
                 break;
             }
         }
-        last.map(Arc::from)
+        last.map(|k| Arc::from(&*k))
     }
 
     /// The keys whose last message is a delete or purge marker, with its revision.
@@ -481,8 +482,8 @@ impl Mirror {
         // Keys in order: each writer's (first token's) keys are one run, counted once.
         if s.writers.is_some() {
             let mut runs: Vec<(Box<str>, u64, u64)> = Vec::new();
-            for pos in 0..entries.len() {
-                let (key, _, value) = entries.get_at(pos);
+            let mut walk = entries.walk_from(0);
+            while let Some((_, key, _, value)) = walk.next_record() {
                 let size = (key.len() + value.len()) as u64;
                 let writer = key.split('.').next().unwrap_or(key);
                 match runs.last_mut() {
@@ -514,7 +515,7 @@ impl Mirror {
     /// said. The number forgotten.
     pub fn forget_below(&self, first: u64) -> usize {
         let mut s = self.write();
-        let gone: Vec<Box<str>> = s.table.range(Bound::Unbounded).filter(|e| e.1 < first).map(|e| e.0.into()).collect();
+        let gone: Vec<Box<str>> = s.table.range(Bound::Unbounded).filter(|e| e.1 < first).map(|e| Box::<str>::from(&*e.0)).collect();
         let markers = s.tombstones.len();
         s.tombstones.retain(|_, r| *r >= first);
         let forgotten = gone.len() + markers - s.tombstones.len();
@@ -679,10 +680,10 @@ impl Mirror {
         let mut visited = 0;
         for (key, revision, value) in candidates {
             visited += 1;
-            if slot.token(key) != Some(token) || !matches(pattern, key) {
+            if slot.token(&key) != Some(token) || !matches(pattern, &key) {
                 continue;
             }
-            if !page.offer(key, revision, value, limit) {
+            if !page.offer(&key, revision, value, limit) {
                 break;
             }
         }
@@ -705,10 +706,10 @@ impl Mirror {
             if !key.starts_with(prefix) {
                 break;
             }
-            if !matches(pattern, key) {
+            if !matches(pattern, &key) {
                 continue;
             }
-            if !page.offer(key, revision, value, limit) {
+            if !page.offer(&key, revision, value, limit) {
                 break;
             }
         }

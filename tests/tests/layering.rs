@@ -148,7 +148,14 @@ fn the_host_runs_on_one_thread() {
 fn test_exists(path: &str) -> bool {
     let parts: Vec<&str> = path.split("::").collect();
     let (Some(file), Some(name)) = (parts.first(), parts.last()) else { return false };
-    let candidates = [format!("tests/tests/{file}.rs"), format!("guest/src/{file}.rs"), format!("host/src/{file}.rs")];
+    let candidates = [
+        format!("tests/tests/{file}.rs"),
+        format!("guest/src/{file}.rs"),
+        format!("host/src/{file}.rs"),
+        format!("host/src/mirror/{file}.rs"),
+        format!("host/src/nats/{file}.rs"),
+        format!("host/src/runtime/{file}.rs"),
+    ];
     candidates.iter().filter_map(|c| std::fs::read_to_string(tests::root().join(c)).ok()).any(|text| text.contains(&format!("fn {name}(")))
 }
 
