@@ -401,7 +401,15 @@ impl Mirror {
         let state = self.state.clone();
         let started = std::thread::Builder::new().name("mirror-compaction".into()).spawn(move || {
             let built = job.build();
-            state.writing().table.install(built);
+            let garbage = state.writing().table.install(built);
+            // Freed here, with no lock held: a replay's delta is a million small allocations.
+            if let Some(garbage) = garbage {
+                let large = garbage.entries() >= 1 << 16 || garbage.base_bytes() >= 64 << 20;
+                drop(garbage);
+                if large {
+                    give_back_freed_memory();
+                }
+            }
         });
         if started.is_err() {
             // No thread to build on: the delta keeps growing until a later try.
@@ -715,6 +723,17 @@ impl Mirror {
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
         page
+    }
+}
+
+/// Returns the heap's free pages to the system after a large delta was freed: glibc keeps
+/// them otherwise, and a mirror packed after a full replay would look as large as before.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own heap under its own locks; it reads and
+    // writes no memory of ours.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -440,7 +440,7 @@ async fn main() {
     let mut host = host;
     host.signal("TERM");
     let _ = host.child.wait().await;
-    cold_start(&bus, &c, query, keys, host).await;
+    cold_start(&bus, &c, query, keys, raw, host).await;
 }
 
 /// Reads the needs bucket the way a mirror's replay does, with nothing else: an ordered consumer
@@ -519,19 +519,27 @@ fn snapshots_written(log: &str) -> String {
 /// the last shutdown and by a full replay, against a plain watch of the same bucket on a
 /// server without permissions (and on the example config, as the provisioner's user); then a
 /// standby's takeover with warm mirrors.
-async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, mut stopped: Host) {
+/// Host RSS once a start's packing of its mirrors (on a thread of its own) has had time to land.
+async fn settled_rss(host: &Host) -> u64 {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tests::rss_kib(host.child.id().expect("host pid"))
+}
+
+async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, mut stopped: Host) {
     let wrote = snapshots_written(&stopped.log_text());
     let state = std::mem::replace(&mut stopped.state, tempfile::tempdir().unwrap());
     let snapshot = std::fs::metadata(state.path().join("mirrors").join(format!("{NEEDS}.mirror"))).map(|m| m.len()).unwrap_or(0);
     let (n_open, open) = unrestricted_floor(keys).await;
     let (n, example) = plain_watch(&bus.js("mesh-provisioner").await).await;
     let (host, resumed) = first_answer(bus, c, query, state, &[]).await;
+    let resumed_rss = settled_rss(&host).await;
     let resumed_log = host.log_text();
     host.signal("TERM");
     let mut host = host;
     let _ = host.child.wait().await;
     let state = std::mem::replace(&mut host.state, tempfile::tempdir().unwrap());
     let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
+    let full_rss = settled_rss(&host).await;
     let secs = |d: Duration| d.as_secs_f64();
     println!(
         "start at {keys} keys, floor: a plain watch reads the bucket ({n_open} keys) on a server without permissions in {:.2} s (on the example config as the provisioner's user: {:.2} s, {n} keys, {:.2}×)",
@@ -542,6 +550,10 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, mut stoppe
         println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
     }
     println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
+    println!(
+        "  host RSS 3 s after the first answer: {} MiB from the snapshot, {} MiB after a full replay ({:.2}× / {:.2}× the raw {} MiB)",
+        resumed_rss / 1024, full_rss / 1024, resumed_rss as f64 * 1024.0 / raw as f64, full_rss as f64 * 1024.0 / raw as f64, raw >> 20
+    );
     let mut standby =
         Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
     let warm = Instant::now();

@@ -17,7 +17,7 @@
 //! means.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,7 +45,8 @@ impl Slot {
 #[derive(Debug, Clone)]
 struct Stored {
     revision: u64,
-    value: Box<[u8]>,
+    /// Shared, so that the copy a compaction builds from costs a count, not the bytes.
+    value: Arc<[u8]>,
 }
 
 /// Records a block holds: a block's first key is whole, the others say only how they differ
@@ -589,25 +590,30 @@ impl Table {
         self.pending.is_some()
     }
 
-    /// Installs a built base, the changes made since its copy laid over it; nothing when it is
-    /// not this table's compaction under way.
-    pub(crate) fn install(&mut self, built: Built) -> bool {
+    /// Installs a built base, the changes made since its copy laid over it, in time in
+    /// proportion to those changes; nothing when it is not this table's compaction under way.
+    /// What it replaced is handed back, to be freed once the lock is given up.
+    pub(crate) fn install(&mut self, built: Built) -> Option<Garbage> {
         if self.pending.as_ref().map(|p| p.id) != Some(built.id) {
-            return false;
+            return None;
         }
         let journal = self.pending.take().map(|p| p.journal).unwrap_or_default();
-        let changed: HashSet<&str> = journal.iter().map(|k| &**k).collect();
         let base = built.base;
         let mut dead = Bits::new(base.len());
         let mut dead_count = 0;
-        for k in &changed {
+        let mut delta = BTreeMap::new();
+        for k in &journal {
             if let Ok(p) = base.find(k) {
                 if dead.set(p) {
                     dead_count += 1;
                 }
             }
+            // Changed since the copy: still current only here. (The rest of the delta is in the
+            // new base.)
+            if let Some((k, v)) = self.delta.remove_entry(&**k) {
+                delta.insert(k, v);
+            }
         }
-        let delta: BTreeMap<Arc<str>, Stored> = std::mem::take(&mut self.delta).into_iter().filter(|(k, _)| changed.contains(&**k)).collect();
         let mut indexes = Vec::with_capacity(self.indexes.len());
         let mut built_indexes = built.indexes;
         for slot in self.indexes.iter().map(|i| i.slot) {
@@ -619,13 +625,32 @@ impl Table {
             let delta = delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(&self.hasher, t), k.clone()))).collect();
             indexes.push(Index { slot, base: base_index, delta });
         }
-        drop(changed);
-        self.base = Arc::new(base);
         self.dead = dead;
         self.dead_count = dead_count;
-        self.delta = delta;
-        self.indexes = indexes;
-        true
+        Some(Garbage {
+            base: std::mem::replace(&mut self.base, Arc::new(base)),
+            delta: std::mem::replace(&mut self.delta, delta),
+            indexes: std::mem::replace(&mut self.indexes, indexes),
+        })
+    }
+}
+
+/// What an install replaced: freed by whoever drops it, after the lock.
+pub(crate) struct Garbage {
+    base: Arc<Sorted>,
+    delta: BTreeMap<Arc<str>, Stored>,
+    indexes: Vec<Index>,
+}
+
+impl Garbage {
+    /// Entries it holds apart from the base (the delta packed into the new one).
+    pub(crate) fn entries(&self) -> usize {
+        self.delta.len() + self.indexes.iter().map(|i| i.delta.len()).sum::<usize>()
+    }
+
+    /// The packed bytes of the base it replaced.
+    pub(crate) fn base_bytes(&self) -> usize {
+        self.base.arena.len()
     }
 }
 
@@ -773,7 +798,7 @@ mod tests {
                     8 if job.is_none() && !t.compacting() => job = Some(t.start_compaction()),
                     _ => {
                         if let Some(j) = job.take() {
-                            assert!(t.install(j.build()));
+                            assert!(t.install(j.build()).is_some());
                         }
                     }
                 }
@@ -821,11 +846,11 @@ mod tests {
             t.insert(&format!("alpha.m{:06}.config.name{}", i / 10, i % 10), i + 1, value);
             if t.compaction_due(false) {
                 let job = t.start_compaction();
-                assert!(t.install(job.build()));
+                assert!(t.install(job.build()).is_some());
             }
         }
         let job = t.start_compaction();
-        assert!(t.install(job.build()));
+        assert!(t.install(job.build()).is_some());
         let raw = t.base.raw_bytes();
         assert_eq!(raw, 100_000 * (26 + value.len()));
         let held = t.base.arena.capacity() + t.base.blocks.capacity() * 4 + t.dead.0.capacity() * 8 + t.indexes.iter().map(|i| i.base.capacity() * 4).sum::<usize>();
@@ -841,11 +866,11 @@ mod tests {
         a.insert("x", 1, b"1");
         let job = a.start_compaction();
         a.abandon_compaction();
-        assert!(!a.install(job.build()));
+        assert!(a.install(job.build()).is_none());
         let mut b = Table::default();
         let job = a.start_compaction();
         let _ = b.start_compaction();
-        assert!(!b.install(job.build()), "b's compaction is another");
+        assert!(b.install(job.build()).is_none(), "b's compaction is another");
         assert_eq!(contents(&a), vec![("x".to_string(), 1, b"1".to_vec())]);
     }
 
@@ -861,7 +886,7 @@ mod tests {
         t.insert("k000001", 99, b"new");
         t.remove("k000002");
         t.insert("z", 100, b"z");
-        assert!(t.install(job.build()));
+        assert!(t.install(job.build()).is_some());
         assert_eq!((t.delta_len(), t.len()), (2, MIN_DELTA * 2), "only what changed meanwhile stays in the delta");
         assert_eq!(t.get("k000001"), Some((99, &b"new"[..])));
         assert_eq!(t.get("k000002"), None);
