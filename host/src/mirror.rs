@@ -663,7 +663,7 @@ impl Mirror {
         let prefix = literal_prefix(&pattern);
         if prefix.is_empty() {
             if let Some((slot, token)) = index_for(&pattern) {
-                return Ok(self.scan_by_token(&pattern, slot, token, after, limit));
+                return self.scan_by_token(&pattern, slot, token, after, limit);
             }
         }
         Ok(self.walk(&pattern, &prefix, after, limit))
@@ -671,11 +671,28 @@ impl Mirror {
 
     /// A scan of a filter that starts with a wildcard, from the index of the filter's literal
     /// `token` at `slot`: only the keys having that token there are looked at.
-    fn scan_by_token(&self, pattern: &[&str], slot: Slot, token: &str, after: Option<&str>, limit: usize) -> Page {
+    fn scan_by_token(&self, pattern: &[&str], slot: Slot, token: &str, after: Option<&str>, limit: usize) -> Result<Page> {
         if !self.read().table.has_index(slot) {
             let mut s = self.write_same_contents();
-            if s.table.indexes() < MAX_INDEXES {
+            let (keys, room) = (s.table.len(), s.table.indexes() < MAX_INDEXES);
+            if room && keys <= table::INLINE_INDEX_KEYS {
                 s.table.build_index(slot);
+            } else if room && !s.table.has_index(slot) {
+                if !s.table.building(slot) {
+                    let job = s.table.start_index(slot);
+                    let state = self.state.clone();
+                    let started = std::thread::Builder::new().name("mirror-index".into()).spawn(move || {
+                        let built = job.build();
+                        state.writing().table.install_index(built);
+                    });
+                    if started.is_err() {
+                        s.table.abandon_compaction();
+                    }
+                }
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("this bucket's index for filters like {:?} is being built ({keys} keys): ask again shortly", pattern.join(".")),
+                ));
             }
         }
         let s = self.read();
@@ -683,7 +700,7 @@ impl Mirror {
         let Some(candidates) = s.table.by_token(slot, token, after) else {
             drop(s);
             // (Only when every index a mirror may build is taken: never with the slots chosen.)
-            return self.walk(pattern, "", after, limit);
+            return Ok(self.walk(pattern, "", after, limit));
         };
         let mut visited = 0;
         for (key, revision, value) in candidates {
@@ -696,7 +713,7 @@ impl Mirror {
             }
         }
         self.visited.fetch_add(visited, Ordering::Relaxed);
-        page
+        Ok(page)
     }
 
     /// The keys from `prefix` on (every key with an empty one), after `after`, matched against
@@ -1079,6 +1096,35 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         panic!("a compaction never landed");
+    }
+
+    #[test]
+    fn a_large_mirror_builds_an_index_aside_and_says_so_until_it_is_built() {
+        let m = Mirror::new();
+        let mut sorted = Sorted::new();
+        let n = table::INLINE_INDEX_KEYS + 1000;
+        for i in 0..n {
+            assert!(sorted.push(&format!("n{:07}.{}", i, if i % 1000 == 0 { "rare" } else { "common" }), i as u64 + 1, b"v"));
+        }
+        m.restore(sorted, Vec::new(), n as u64, 1).unwrap();
+        m.set_ready(true);
+        let e = m.scan("*.rare", None, 100).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.message().contains("is being built") && e.message().contains("*.rare"), "{e}");
+        let v = m.version();
+        let started = std::time::Instant::now();
+        let page = loop {
+            match m.scan("*.rare", None, 100) {
+                Ok(p) => break p,
+                Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable),
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "the index never landed");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(page.entries.len(), 100);
+        assert!(page.more && page.entries.iter().all(|e| e.key.ends_with(".rare")));
+        assert_eq!(m.version(), v, "an index is not a change of contents");
+        assert!(m.visited() < 2000, "answered from the index, not a walk: {} keys looked at", m.visited());
     }
 
     #[test]

@@ -376,6 +376,34 @@ pub(crate) struct Table {
     /// one hash).
     hasher: RandomState,
     pending: Option<Pending>,
+    /// Indexes being built on a thread of their own (see [`Table::start_index`]).
+    building: Vec<Slot>,
+}
+
+/// Most keys whose index is built inline, while the scan that needs it waits (~0.1 s a million
+/// keys); a larger table builds it on a thread of its own (seconds at ten million), and the scan
+/// is told to ask again.
+pub(crate) const INLINE_INDEX_KEYS: usize = 1 << 20;
+
+/// An index to build off the lock: over this base, by this slot.
+pub(crate) struct IndexJob {
+    slot: Slot,
+    base: Arc<Sorted>,
+    hasher: RandomState,
+}
+
+/// An index built off the lock, to install.
+pub(crate) struct BuiltIndex {
+    slot: Slot,
+    base: Arc<Sorted>,
+    positions: Vec<u32>,
+}
+
+impl IndexJob {
+    pub(crate) fn build(self) -> BuiltIndex {
+        let positions = index_base(&self.base, self.slot, &self.hasher);
+        BuiltIndex { slot: self.slot, base: self.base, positions }
+    }
 }
 
 /// What a compaction builds from, taken under the lock: the base, its bits, the delta.
@@ -582,6 +610,31 @@ impl Table {
     /// emptied; its changes are no longer journaled).
     pub(crate) fn abandon_compaction(&mut self) {
         self.pending = None;
+        self.building.clear();
+    }
+
+    /// Whether the index of `slot` is being built.
+    pub(crate) fn building(&self, slot: Slot) -> bool {
+        self.building.contains(&slot)
+    }
+
+    /// Starts building the index of `slot` off the lock (see [`INLINE_INDEX_KEYS`]).
+    pub(crate) fn start_index(&mut self, slot: Slot) -> IndexJob {
+        self.building.push(slot);
+        IndexJob { slot, base: self.base.clone(), hasher: self.hasher.clone() }
+    }
+
+    /// Installs an index built off the lock, with the delta's part made now; whether it was
+    /// (not when the base was packed anew meanwhile: the next scan that needs it starts again).
+    pub(crate) fn install_index(&mut self, built: BuiltIndex) -> bool {
+        self.building.retain(|s| *s != built.slot);
+        if !Arc::ptr_eq(&self.base, &built.base) || self.has_index(built.slot) {
+            return false;
+        }
+        let slot = built.slot;
+        let delta = self.delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(&self.hasher, t), k.clone()))).collect();
+        self.indexes.push(Index { slot, base: built.positions, delta });
+        true
     }
 
     /// Whether a compaction is under way.
@@ -858,6 +911,29 @@ mod tests {
         // revision, 4 of index: ~0.83 of the raw 71.
         assert!(held < raw * 85 / 100, "{held} bytes held for {raw} raw: sorted keys share most of their bytes");
         assert_eq!(t.delta_len(), 0);
+    }
+
+    #[test]
+    fn an_index_built_off_the_lock_lands_only_over_the_base_it_was_built_from() {
+        let mut t = Table::default();
+        for i in 0..5000u64 {
+            t.insert(&format!("n{}.m{i:05}.config", i % 3), i + 1, b"v");
+        }
+        let job = t.start_compaction();
+        assert!(t.install(job.build()).is_some());
+        let index = t.start_index(Slot::At(2));
+        assert!(t.building(Slot::At(2)));
+        t.insert("n9.m99999.config", 9999, b"new");
+        assert!(t.install_index(index.build()));
+        assert!(!t.building(Slot::At(2)) && t.has_index(Slot::At(2)));
+        let found = t.by_token(Slot::At(2), "config", Some("n8")).unwrap().map(|e| e.0.into_owned()).collect::<Vec<_>>();
+        assert_eq!(found, ["n9.m99999.config"], "the delta's keys are indexed at install");
+        // A base packed anew meanwhile: the index is not installed, and may be asked for again.
+        let stale = t.start_index(Slot::Last);
+        let job = t.start_compaction();
+        assert!(t.install(job.build()).is_some());
+        assert!(!t.install_index(stale.build()));
+        assert!(!t.has_index(Slot::Last) && !t.building(Slot::Last));
     }
 
     #[test]
