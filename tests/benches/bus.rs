@@ -541,10 +541,6 @@ fn snapshots_written(log: &str) -> String {
     log.lines().filter(|l| l.contains("mirror snapshots written")).last().and_then(|l| l.split("elapsed=").nth(1)).unwrap_or("?").to_string()
 }
 
-/// Starts at the large size: from `serve` to the first answer, from the snapshot written at
-/// the last shutdown and by a full replay, against a plain watch of the same bucket on a
-/// server without permissions (and on the example config, as the provisioner's user); then a
-/// standby's takeover with warm mirrors.
 /// Host RSS once a start's packing of its mirrors (on a thread of its own) has had time to land
 /// (a few seconds at ten million keys).
 async fn settled_rss(host: &Host) -> u64 {
@@ -552,6 +548,10 @@ async fn settled_rss(host: &Host) -> u64 {
     tests::rss_kib(host.child.id().expect("host pid"))
 }
 
+/// Starts at the large size: from `serve` to the first answer, from the snapshot written at
+/// the last shutdown and by a full replay, against a plain watch of the same bucket on a
+/// server without permissions (and on the example config, as the provisioner's user); then a
+/// standby's takeover with warm mirrors.
 async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, mut stopped: Host) {
     let wrote = snapshots_written(&stopped.log_text());
     let state = std::mem::replace(&mut stopped.state, tempfile::tempdir().unwrap());
