@@ -398,8 +398,7 @@ impl Mirror {
             return;
         }
         let job = s.table.start_compaction();
-        let state = self.state.clone();
-        let started = std::thread::Builder::new().name("mirror-compaction".into()).spawn(move || {
+        let started = self.aside("mirror-compaction", move |state| {
             let built = job.build();
             let garbage = state.writing().table.install(built);
             // Freed here, with no lock held: a replay's delta is a million small allocations.
@@ -411,10 +410,17 @@ impl Mirror {
                 }
             }
         });
-        if started.is_err() {
-            // No thread to build on: the delta keeps growing until a later try.
-            s.table.abandon_compaction();
+        if !started {
+            // The delta keeps growing until a later try.
+            s.table.compaction_not_started();
         }
+    }
+
+    /// Runs `work` on a thread of its own, with the mirror's state to install its result in;
+    /// whether a thread could be had.
+    fn aside(&self, name: &str, work: impl FnOnce(&RwLock<State>) + Send + 'static) -> bool {
+        let state = self.state.clone();
+        std::thread::Builder::new().name(name.into()).spawn(move || work(&state)).is_ok()
     }
 
     /// Records a delete or purge seen at `revision`: the key is gone, its marker stays.
@@ -555,7 +561,7 @@ impl Mirror {
         let mut new = std::mem::take(&mut *staged.write());
         // A base being built for the staged copy is installed there, in the empty copy (where
         // it is discarded), never here.
-        new.table.abandon_compaction();
+        new.table.abandon_work_aside();
         let mut s = self.write();
         let old = std::mem::replace(&mut *s, new);
         // The staged bytes move here (counted once already); the old copy's are freed.
@@ -576,8 +582,8 @@ impl Mirror {
     pub fn set_ready(&self, ready: bool) {
         let mut s = self.write();
         s.ready = ready;
-        // A replay builds new bases less often (see [`Table::compaction_due`]): once in sync,
-        // what it left in the delta is packed.
+        // Nothing is packed while a replay runs (see [`Table::compaction_due`]): once in sync,
+        // what it left in the delta is.
         self.compact_if_due(&mut s);
     }
 
@@ -680,13 +686,13 @@ impl Mirror {
             } else if room && !s.table.has_index(slot) {
                 if !s.table.building(slot) {
                     let job = s.table.start_index(slot);
-                    let state = self.state.clone();
-                    let started = std::thread::Builder::new().name("mirror-index".into()).spawn(move || {
+                    let started = self.aside("mirror-index", move |state| {
                         let built = job.build();
                         state.writing().table.install_index(built);
                     });
-                    if started.is_err() {
-                        s.table.abandon_compaction();
+                    if !started {
+                        // The next scan that needs it tries again.
+                        s.table.index_not_started(slot);
                     }
                 }
                 return Err(Error::new(

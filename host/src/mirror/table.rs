@@ -347,6 +347,11 @@ fn index_base(base: &Sorted, slot: Slot, hasher: &RandomState) -> Vec<u32> {
     positions
 }
 
+/// The delta's part of the index of `slot`: its keys having that token, by (hash, key).
+fn index_delta(delta: &BTreeMap<Arc<str>, Stored>, slot: Slot, hasher: &RandomState) -> BTreeSet<(u32, Arc<str>)> {
+    delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(hasher, t), k.clone()))).collect()
+}
+
 /// A compaction under way: its identity, and the keys changed since its copy was taken.
 #[derive(Debug)]
 struct Pending {
@@ -549,7 +554,7 @@ impl Table {
             return;
         }
         let base = index_base(&self.base, slot, &self.hasher);
-        let delta = self.delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(&self.hasher, t), k.clone()))).collect();
+        let delta = index_delta(&self.delta, slot, &self.hasher);
         self.indexes.push(Index { slot, base, delta });
     }
 
@@ -606,11 +611,21 @@ impl Table {
         }
     }
 
-    /// Forgets a compaction under way: its base will not be installed (the table was moved or
-    /// emptied; its changes are no longer journaled).
-    pub(crate) fn abandon_compaction(&mut self) {
+    /// Forgets the work under way aside: a compaction's base will not be installed (its
+    /// changes are no longer journaled), nor an index (the table was moved or emptied).
+    pub(crate) fn abandon_work_aside(&mut self) {
         self.pending = None;
         self.building.clear();
+    }
+
+    /// Forgets a compaction that could not be started (no thread to build it on).
+    pub(crate) fn compaction_not_started(&mut self) {
+        self.pending = None;
+    }
+
+    /// Forgets an index build that could not be started (no thread to build it on).
+    pub(crate) fn index_not_started(&mut self, slot: Slot) {
+        self.building.retain(|s| *s != slot);
     }
 
     /// Whether the index of `slot` is being built.
@@ -632,7 +647,7 @@ impl Table {
             return false;
         }
         let slot = built.slot;
-        let delta = self.delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(&self.hasher, t), k.clone()))).collect();
+        let delta = index_delta(&self.delta, slot, &self.hasher);
         self.indexes.push(Index { slot, base: built.positions, delta });
         true
     }
@@ -675,7 +690,7 @@ impl Table {
                 // Built since the copy was taken: built again over the new base.
                 None => index_base(&base, slot, &self.hasher),
             };
-            let delta = delta.keys().filter_map(|k| slot.token(k).map(|t| (hash32(&self.hasher, t), k.clone()))).collect();
+            let delta = index_delta(&delta, slot, &self.hasher);
             indexes.push(Index { slot, base: base_index, delta });
         }
         self.dead = dead;
@@ -941,7 +956,7 @@ mod tests {
         let mut a = Table::default();
         a.insert("x", 1, b"1");
         let job = a.start_compaction();
-        a.abandon_compaction();
+        a.abandon_work_aside();
         assert!(a.install(job.build()).is_none());
         let mut b = Table::default();
         let job = a.start_compaction();
