@@ -121,7 +121,7 @@ impl api::Guest for Component {
 
     fn handle(verb: String, request: Vec<u8>, max_reply: u32) -> api::Reply {
         if let Some(body) = crate::fixture::on_request(&request) {
-            return api::Reply { code: api::ReplyCode::Ok, body };
+            return api::Reply { code: api::ReplyCode::Ok, body, revision: None };
         }
         let r = crate::verb::handle(&Imports, &verb, &request, max_reply);
         let code = match r.code {
@@ -130,7 +130,8 @@ impl api::Guest for Component {
             crate::verb::Code::Unavailable => api::ReplyCode::Unavailable,
             crate::verb::Code::Internal => api::ReplyCode::Internal,
         };
-        api::Reply { code, body: r.body }
+        let revision = r.revision.map(|s| api::RevisionSlot { offset: s.offset, len: s.len, floor: s.floor, bucket: s.bucket.map(String::from) });
+        api::Reply { code, body: r.body, revision }
     }
 
     fn plan_inputs() -> Vec<String> {

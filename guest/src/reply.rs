@@ -35,7 +35,22 @@ impl Code {
 pub struct Reply {
     pub code: Code,
     pub body: Vec<u8>,
+    /// Where the body says its revision, for a host that serves it again (see [`Reply::revision_at`]).
+    pub revision: Option<RevisionSlot>,
 }
+
+/// Where a page's body says its revision, and what that revision is the newest of (the WIT
+/// `revision-slot`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionSlot {
+    pub offset: u32,
+    pub len: u32,
+    pub floor: u64,
+    pub bucket: Option<&'static str>,
+}
+
+/// The most digits a `u64` takes: the room a rewritten revision may need.
+const REVISION_DIGITS: usize = 20;
 
 impl Reply {
     /// An error reply. However long `message` is (it may quote a requester's or a writer's
@@ -43,7 +58,24 @@ impl Reply {
     /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
     pub fn error(code: Code, message: &str) -> Reply {
         let body = to_json(&ErrorBody { error: ErrorLine { code: code.name(), message: &within_message(message) } });
-        Reply { code, body: body.into_bytes() }
+        Reply { code, body: body.into_bytes(), revision: None }
+    }
+
+    /// This page, telling where its body's `"revision"` (what `what` answers with, first after
+    /// `what`) is: the newest of `floor` (its entries') and `bucket`'s page revision. Told only
+    /// when the body can take a revision of any length within `budget`, so a host rewriting it
+    /// never makes a reply too large; never on an error.
+    pub fn revision_at(mut self, what: &str, floor: u64, bucket: Option<&'static str>, budget: usize) -> Reply {
+        let prefix = format!("{{\"what\":\"{what}\",\"revision\":");
+        if self.code != Code::Ok || !self.body.starts_with(prefix.as_bytes()) {
+            return self;
+        }
+        let len = self.body[prefix.len()..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if len == 0 || self.body.len() - len + REVISION_DIGITS > budget {
+            return self;
+        }
+        self.revision = Some(RevisionSlot { offset: prefix.len() as u32, len: len as u32, floor, bucket });
+        self
     }
 
     pub(crate) fn from_host(e: HostError) -> Reply {
@@ -146,7 +178,7 @@ impl PageBudget {
             let why = format!("a page of {} bytes was built for a reply of {} (measured {})", body.len(), self.budget, self.used);
             return Reply::error(Code::Internal, &why);
         }
-        Reply { code: Code::Ok, body: body.into_bytes() }
+        Reply { code: Code::Ok, body: body.into_bytes(), revision: None }
     }
 }
 
@@ -177,5 +209,21 @@ mod tests {
             assert!(message.starts_with(said.trim_end_matches('…')), "{said}");
             assert_eq!(said.ends_with('…'), said.len() < message.len());
         }
+    }
+
+    #[test]
+    fn a_page_says_where_its_revision_is_when_any_revision_would_fit() {
+        let page = |body: &str| Reply { code: Code::Ok, body: body.as_bytes().to_vec(), revision: None };
+        let body = r#"{"what":"needs","revision":4812,"entries":[]}"#;
+        let told = page(body).revision_at("needs", 4790, Some("mesh-provisioner_needs"), 1000).revision.expect("told");
+        let (at, len) = (told.offset as usize, told.len as usize);
+        assert_eq!(&body[at..at + len], "4812");
+        assert_eq!((told.floor, told.bucket), (4790, Some("mesh-provisioner_needs")));
+        // At the edge: room for 20 digits in place of 4, and one byte less.
+        let room = body.len() - 4 + 20;
+        assert!(page(body).revision_at("needs", 0, None, room).revision.is_some());
+        assert_eq!(page(body).revision_at("needs", 0, None, room - 1).revision, None, "a rewritten revision could pass the budget");
+        assert_eq!(page(body).revision_at("applied", 0, None, 1000).revision, None, "not the page it says it is");
+        assert_eq!(Reply::error(Code::Internal, "no").revision_at("needs", 0, None, 1000).revision, None);
     }
 }

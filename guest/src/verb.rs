@@ -105,7 +105,7 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
     };
     let after = q.after.as_deref();
     let mut found: Vec<Entry> = Vec::new();
-    let (mut more, mut revision) = (false, 0);
+    let (mut more, mut revision, mut scanned) = (false, 0, false);
     // The last key a part read up to, when it has more: nothing past the lowest such key is
     // known complete (a host may end a page early, by bytes, not only at `limit`).
     let mut horizon: Option<String> = None;
@@ -126,6 +126,7 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
                     }
                 }
                 revision = revision.max(page.revision);
+                scanned = true;
                 found.extend(page.entries);
             }
         }
@@ -140,8 +141,11 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
         found.truncate(q.limit as usize);
         more = true;
     }
-    revision = found.iter().map(|e| e.revision).fold(revision, u64::max);
-    Ok(render(q.what, revision, &found, more, budget))
+    // What the page's revision is the newest of, told with the page: a kept page then holds
+    // past writes to the bucket outside its scope, with the revision moved on.
+    let floor = found.iter().map(|e| e.revision).max().unwrap_or(0);
+    let page = render(q.what, revision.max(floor), &found, more, budget);
+    Ok(page.revision_at(q.what.name(), floor, scanned.then_some(scope.bucket), budget))
 }
 
 /// The plan of `module` on `node`, whole: a plan is not paged, so one too large for a reply is
@@ -152,7 +156,7 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
         let why = format!("the plan of {module} on {node} is {} bytes, more than a reply may hold ({budget})", body.len());
         return Ok(Reply::error(Code::Internal, &why));
     }
-    Ok(Reply { code: Code::Ok, body })
+    Ok(Reply { code: Code::Ok, body, revision: None })
 }
 
 /// One line of the answer: an entry, or a key out of shape with its reason.

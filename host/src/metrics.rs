@@ -105,6 +105,7 @@ pub struct Metrics {
     pub plans_refreshed: Counter,
     pub reply_cache: Family<Outcome, Counter>,
     pub reply_cache_stale: Family<Stale, Counter>,
+    pub reply_cache_carried: Counter,
     pub scrape_seconds: Gauge<f64, AtomicU64>,
     pub refused_replies: Family<Endpoint, Counter>,
     pub bucket_refused: Family<Bucket, Gauge>,
@@ -153,6 +154,7 @@ impl Metrics {
             plans_refreshed: Counter::default(),
             reply_cache: Family::default(),
             reply_cache_stale: Family::default(),
+            reply_cache_carried: Counter::default(),
             scrape_seconds: Gauge::default(),
             refused_replies: Family::default(),
             bucket_refused: Family::default(),
@@ -191,6 +193,7 @@ impl Metrics {
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
         registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());
+        registry.register("reply_cache_carried", "Kept replies served again after writes to a bucket they read that touched none of the keys they read (their revision rewritten to the bucket's)", m.reply_cache_carried.clone());
         registry.register("reply_cache_stale", "Replies not served from the reply cache, by why: the first thing a kept reply read that changed since (a bucket, kept plans, discovery, once, backend), or why one was not kept", m.reply_cache_stale.clone());
         registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
         registry.register("refused_replies", "Requests not answered because their reply subject is not an inbox, by endpoint ($SRV: discovery)", m.refused_replies.clone());
@@ -248,6 +251,14 @@ impl Metrics {
             return;
         }
         self.reply_cache_stale.get_or_create(&Stale { read: read.to_string() }).inc();
+    }
+
+    /// Counts a kept reply served past writes elsewhere in a bucket it read.
+    pub fn reply_cache_carried(&self) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
+        self.reply_cache_carried.inc();
     }
 
     /// Times one call into the guest.

@@ -20,6 +20,7 @@
 //! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
 //! them within a budget.
 
+mod reach;
 mod table;
 
 use crate::sync::{Locked, ReadWrite};
@@ -27,6 +28,7 @@ use std::collections::HashMap;
 use std::ops::Bound;
 use table::{Slot, Table};
 pub use table::Sorted;
+pub use reach::Reach;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -184,6 +186,8 @@ pub struct Mirror {
     /// Moves whenever the contents or state may change (every write lock taken): a reply read
     /// at one version holds while the version does (the reply cache).
     version: AtomicU64,
+    /// The version at the last change of each part of the mirror (see [`reach`]).
+    changes: reach::Changes,
     /// What is wrong with the bucket (see [`Health`]); changing it moves the version.
     health: Mutex<Health>,
     /// No longer served by its backend (dropped from its registry of mirrors): what a reply
@@ -358,12 +362,35 @@ impl Mirror {
         self.state.writing()
     }
 
+    /// The lock for a change of anything but one key's value (every read may see it).
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        let (guard, version) = self.write_at();
+        self.changes.whole(version);
+        guard
+    }
+
+    /// The lock for a put or delete of `key` (only reads that reached its part may see it).
+    fn write_key(&self, key: &str) -> std::sync::RwLockWriteGuard<'_, State> {
+        let (guard, version) = self.write_at();
+        self.changes.key(key, version);
+        guard
+    }
+
+    fn write_at(&self) -> (std::sync::RwLockWriteGuard<'_, State>, u64) {
         let guard = self.state.writing();
         // Under the lock: a reader that loads the version before its read sees this write's
         // version or an older one, never a newer one with older contents.
-        self.version.fetch_add(1, Ordering::AcqRel);
-        guard
+        let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+        (guard, version)
+    }
+
+    /// Whether a read of `reach` made at `version` would find the same now; if so, the
+    /// version and the revision now, read together (the revision may have moved on with writes
+    /// outside the reach).
+    pub fn unchanged_in(&self, reach: &Reach, version: u64) -> Option<(u64, u64)> {
+        let s = self.read();
+        let now = self.version();
+        (!self.changes.since(reach, version, now)).then_some((now, s.revision))
     }
 
     /// The version of the contents (see the field): read it before reading them.
@@ -373,7 +400,7 @@ impl Mirror {
 
     /// Records a put seen at `revision`.
     pub fn put(&self, key: &str, revision: u64, value: &[u8]) {
-        let mut s = self.write();
+        let mut s = self.write_key(key);
         s.revision = s.revision.max(revision);
         if !s.tombstones.is_empty() {
             s.tombstones.remove(key);
@@ -425,7 +452,7 @@ impl Mirror {
 
     /// Records a delete or purge seen at `revision`: the key is gone, its marker stays.
     pub fn delete(&self, key: &str, revision: u64) {
-        let mut s = self.write();
+        let mut s = self.write_key(key);
         s.revision = s.revision.max(revision);
         if let Some(was) = s.table.remove(key) {
             s.account(0, key.len() + was);
@@ -438,7 +465,8 @@ impl Mirror {
     /// Records that the bucket is at least at `revision` (its stream's last sequence when a
     /// replay began), though no message of it may remain.
     pub fn note_revision(&self, revision: u64) {
-        let mut s = self.write();
+        // No key changes: a kept reply stays good, with the revision moved on.
+        let (mut s, _) = self.write_at();
         s.revision = s.revision.max(revision);
     }
 

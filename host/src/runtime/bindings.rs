@@ -8,6 +8,7 @@ use wasmtime::component::HasData;
 
 use super::Ctx;
 use crate::error::{Error, ErrorKind};
+use crate::mirror::Reach;
 
 wasmtime::component::bindgen!({
     world: "provisioner",
@@ -60,10 +61,10 @@ async fn bounded<T>(
 }
 
 /// The mirror of `bucket`, in sync, within the call's deadline; recorded, with what the read
-/// depends on, for the reply cache.
-async fn mirror(ctx: &mut Ctx, bucket: &str) -> R<std::sync::Arc<crate::mirror::Mirror>> {
+/// depends on (the part of the mirror it `reach`es), for the reply cache.
+async fn mirror(ctx: &mut Ctx, bucket: &str, reach: Reach) -> R<std::sync::Arc<crate::mirror::Mirror>> {
     let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
-    let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m));
+    let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach));
     ctx.record(read);
     m
 }
@@ -74,21 +75,22 @@ fn entry(e: crate::mirror::Entry) -> types::Entry {
 
 impl store::Host for Ctx {
     async fn get(&mut self, bucket: String, key: String) -> R<Option<types::Entry>> {
-        Ok(mirror(self, &bucket).await?.get(&key)?.map(entry))
+        Ok(mirror(self, &bucket, Reach::of(&key)).await?.get(&key)?.map(entry))
     }
 
     async fn scan(&mut self, bucket: String, filter: String, after: Option<String>, limit: u32) -> R<store::Page> {
-        let p = mirror(self, &bucket).await?.scan(&filter, after.as_deref(), limit)?;
+        let p = mirror(self, &bucket, Reach::of(&filter)).await?.scan(&filter, after.as_deref(), limit)?;
         Ok(store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
     }
 
     async fn exists(&mut self, bucket: String) -> R<bool> {
-        Ok(mirror(self, &bucket).await?.exists())
+        Ok(mirror(self, &bucket, Reach::nothing()).await?.exists())
     }
 
     async fn health(&mut self, bucket: String) -> R<store::BucketHealth> {
         let quota = self.backend.quota();
-        let m = mirror(self, &bucket).await?;
+        // Every put moves a writer's count.
+        let m = mirror(self, &bucket, Reach::everything()).await?;
         Ok(store::BucketHealth {
             unsafe_settings: m.health().unsafe_settings,
             over_quota: m.writers_over(quota).into_iter().map(|w| store::WriterShare { writer: w.writer, keys: w.keys, bytes: w.bytes }).collect(),

@@ -2,7 +2,11 @@
 //! calling the guest — only while everything it read would read the same now:
 //!
 //! - every mirror is still served by the backend (not retired), at the same version
-//!   (`Mirror::version` moves on every change: a put, a delete, a rebuild, a resync);
+//!   (`Mirror::version` moves on every change: a put, a delete, a rebuild, a resync) — or, for
+//!   a reply whose guest said where its revision is ([`RevisionSlot`]), with no change since in
+//!   the part of the mirror the call reached ([`Reach`]): a reply for node beta's keys survives
+//!   a write to alpha's, served with its revision rewritten to what a fresh call would say (the
+//!   newest of the slot's floor and its bucket's revision now; the guest's rule, told per reply);
 //! - the kept plans' failures are at the same version (`KeptPlans::version` moves on every save
 //!   and every failed save); a kept plan read from its file is never kept (nothing versions a
 //!   file someone else may change);
@@ -18,7 +22,8 @@
 //! discovery cache did not keep — is never kept, nor is an
 //! `unavailable` reply. One cache per loaded component (a swap starts empty), so the
 //! component's digest is part of every key. Every decision stays the guest's: a hit replays the
-//! bytes the guest answered to the same request over the same data.
+//! bytes the guest answered to the same request over the same data, at most with the digits the
+//! guest pointed at rewritten by the guest's own rule.
 
 use crate::sync::Locked;
 use std::collections::HashMap;
@@ -26,9 +31,9 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, Count, Holds};
-use crate::mirror::{Holding, Mirror};
+use crate::mirror::{Holding, Mirror, Reach};
 
-use super::Reply;
+use super::{Reply, RevisionSlot};
 
 /// Most replies kept, and most bytes of them: past either, the cache starts again empty.
 const MAX_ENTRIES: usize = 4096;
@@ -37,8 +42,8 @@ const MAX_BYTES: usize = 32 << 20;
 /// Something a call read, as it was before the read.
 #[derive(Clone)]
 pub enum Read {
-    /// A bucket's mirror, at its version, served by the backend.
-    Mirror { bucket: String, mirror: Arc<Mirror>, version: u64 },
+    /// A bucket's mirror, at its version, served by the backend: the part of it the call reached.
+    Mirror { bucket: String, mirror: Arc<Mirror>, version: u64, reach: Reach },
     /// A one-off answer of the backend (a bucket read as missing), while it holds.
     Once { holds: Holds },
     /// The kept plans' failures, at their version.
@@ -48,11 +53,12 @@ pub enum Read {
 }
 
 impl Read {
-    /// What reading `mirror` of `bucket` now depends on; `None`: nothing could keep it.
-    pub fn of_mirror(bucket: &str, mirror: &Arc<Mirror>) -> Option<Read> {
+    /// What reading the `reach` of `mirror` of `bucket` now depends on; `None`: nothing could
+    /// keep it.
+    pub fn of_mirror(bucket: &str, mirror: &Arc<Mirror>, reach: Reach) -> Option<Read> {
         // The holding first, then the version: a retirement between them moves the version.
         match mirror.holding() {
-            Holding::Served => Some(Read::Mirror { bucket: bucket.to_string(), version: mirror.version(), mirror: mirror.clone() }),
+            Holding::Served => Some(Read::Mirror { bucket: bucket.to_string(), version: mirror.version(), mirror: mirror.clone(), reach }),
             Holding::While(holds) => Some(Read::Once { holds }),
             Holding::Never => None,
         }
@@ -73,14 +79,35 @@ impl Read {
         }
     }
 
-    /// Whether a call now would read the same.
-    fn unchanged(&self, backend: &dyn Backend) -> bool {
-        match self {
-            Read::Mirror { mirror, version, .. } => matches!(mirror.holding(), Holding::Served) && mirror.is_ready() && mirror.version() == *version,
+    /// Whether a call now would read the same: exactly (`Same`), or in what it reached of a
+    /// mirror that has changed elsewhere (`Moved`, only when `carried`: the reply can say so).
+    fn now(&self, backend: &dyn Backend, carried: bool) -> Now {
+        let same = match self {
+            Read::Mirror { mirror, version, reach, .. } => {
+                if !matches!(mirror.holding(), Holding::Served) || !mirror.is_ready() {
+                    false
+                } else if mirror.version() == *version {
+                    true
+                } else {
+                    return match mirror.unchanged_in(reach, *version).filter(|_| carried) {
+                        Some((version, revision)) => Now::Moved { version, revision },
+                        None => Now::Stale,
+                    };
+                }
+            }
             Read::Once { holds } | Read::Discovery { holds, .. } => holds.holds(),
             Read::Kept { version } => backend.kept().version() == *version,
-        }
+        };
+        if same { Now::Same } else { Now::Stale }
     }
+}
+
+/// What a kept read reads now.
+enum Now {
+    Same,
+    /// A mirror changed, not where the call read it: at this version, with this revision now.
+    Moved { version: u64, revision: u64 },
+    Stale,
 }
 
 /// A kept reply: the request it answers (verb, body, reply budget), the reply, what it read,
@@ -93,6 +120,38 @@ struct Kept {
     max_reply: u32,
     reply: Reply,
     reads: Vec<Read>,
+}
+
+impl Kept {
+    /// The reply with its revision as a fresh call would give it, the mirrors read having moved
+    /// to these (version, revision)s without a change where the call read them: the newest of
+    /// the slot's floor and its bucket's revision now (the guest's rule). `None` when the
+    /// rewritten reply would not be the guest's to give: outside its body, or past its budget.
+    fn carried(&self, moved: &[(usize, u64, u64)]) -> Option<Reply> {
+        let slot = self.reply.revision.as_ref()?;
+        let revision = moved
+            .iter()
+            .filter(|&&(i, ..)| matches!(&self.reads[i], Read::Mirror { bucket, .. } if Some(bucket) == slot.bucket.as_ref()))
+            .map(|&(.., revision)| revision)
+            .max();
+        let Some(revision) = revision else {
+            // Its bucket did not move: nor did its revision.
+            return Some(self.reply.clone());
+        };
+        let (at, len) = (slot.offset as usize, slot.len as usize);
+        let body = &self.reply.body;
+        let end = at.checked_add(len).filter(|&end| end <= body.len())?;
+        let digits = revision.max(slot.floor).to_string();
+        if body.len() - len + digits.len() > self.max_reply as usize {
+            return None;
+        }
+        let mut new = Vec::with_capacity(body.len() - len + digits.len());
+        new.extend_from_slice(&body[..at]);
+        new.extend_from_slice(digits.as_bytes());
+        new.extend_from_slice(&body[end..]);
+        let revision = Some(RevisionSlot { len: digits.len() as u32, ..slot.clone() });
+        Some(Reply { code: self.reply.code, body: new.into(), revision })
+    }
 }
 
 /// The replies kept, by the hash of their request (a lookup builds no key: it hashes the
@@ -157,26 +216,42 @@ impl ReplyCache {
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies
     /// nothing: the reply's bytes are shared.
     pub fn get(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
-        let kept = self.kept.locked();
+        let mut kept = self.kept.locked();
         if kept.entries == 0 {
             return None;
         }
-        let same = kept.by_hash.get(&self.hash(verb, body, max_reply))?;
-        let k = same.iter().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
+        let hash = self.hash(verb, body, max_reply);
+        let k = kept.by_hash.get_mut(&hash)?.iter_mut().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
         // A live `Weak` at the same address is the same backend (a dropped one's never upgrades).
-        let same_backend = k.backend.upgrade().is_some_and(|b| Arc::ptr_eq(&b, backend));
-        let stale = match same_backend {
-            false => Some("backend"),
-            true => k.reads.iter().find(|r| !r.unchanged(backend.as_ref())).map(Read::what),
-        };
-        match stale {
-            None => Some(k.reply.clone()),
-            Some(what) => {
-                // Which read goes stale is what decides how long replies stay: counted.
-                crate::metrics::metrics().reply_cache_stale(what);
-                None
+        if !k.backend.upgrade().is_some_and(|b| Arc::ptr_eq(&b, backend)) {
+            crate::metrics::metrics().reply_cache_stale("backend");
+            return None;
+        }
+        let carried = k.reply.revision.is_some();
+        let mut moved: Vec<(usize, u64, u64)> = Vec::new();
+        for (i, r) in k.reads.iter().enumerate() {
+            match r.now(backend.as_ref(), carried) {
+                Now::Same => {}
+                Now::Moved { version, revision } => moved.push((i, version, revision)),
+                Now::Stale => {
+                    // Which read goes stale is what decides how long replies stay: counted.
+                    crate::metrics::metrics().reply_cache_stale(r.what());
+                    return None;
+                }
             }
         }
+        if !moved.is_empty() {
+            // Kept again as a fresh call would answer now, so the next hit copies nothing.
+            let reply = k.carried(&moved)?;
+            for &(i, now, _) in &moved {
+                if let Read::Mirror { version, .. } = &mut k.reads[i] {
+                    *version = now;
+                }
+            }
+            k.reply = reply;
+            crate::metrics::metrics().reply_cache_carried();
+        }
+        Some(k.reply.clone())
     }
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
@@ -188,7 +263,8 @@ impl ReplyCache {
         if matches!(reply.code, super::ReplyCode::Unavailable) {
             return;
         }
-        // One entry per mirror, at its oldest version read; a bucket read from two different
+        // One entry per mirror, at its oldest version read, reaching all its reads reached; a
+        // bucket read from two different
         // mirrors (one replaced mid-call) is not kept. Other reads repeated alike (a status
         // page reads the kept plans' version once per module) are checked once.
         let key = |r: &Read| match r {
@@ -200,12 +276,13 @@ impl ReplyCache {
         reads.sort_by_key(key);
         let mut one: Vec<Read> = Vec::with_capacity(reads.len());
         for r in reads {
-            let repeated = match (one.last(), &r) {
-                (Some(Read::Mirror { bucket: last, mirror: was, .. }), Read::Mirror { bucket, mirror, .. }) if last == bucket => {
+            let repeated = match (one.last_mut(), &r) {
+                (Some(Read::Mirror { bucket: last, mirror: was, reach: reached, .. }), Read::Mirror { bucket, mirror, reach, .. }) if last == bucket => {
                     if !Arc::ptr_eq(was, mirror) {
                         crate::metrics::metrics().reply_cache_stale("(not kept: a mirror replaced mid-call)");
                         return;
                     }
+                    *reached = reached.with(*reach);
                     true
                 }
                 (Some(Read::Kept { version: a }), Read::Kept { version: b }) => a == b,

@@ -28,7 +28,7 @@ use bindings::{Imports, Provisioner, ProvisionerPre};
 /// The WIT types a caller of the runtime sees, as bindgen generates them (no host copies):
 /// `BuildInfo`, the reports of `reconcile`, `refresh`, `notices` and `transitions`, and what
 /// they carry.
-pub use bindings::api::{BuildInfo, Change, Notice, NoticeReport, ReconcileReport, RefreshReport, ReplyCode, Transition, TransitionReport, ValueEvent};
+pub use bindings::api::{BuildInfo, Change, Notice, NoticeReport, ReconcileReport, RefreshReport, ReplyCode, RevisionSlot, Transition, TransitionReport, ValueEvent};
 pub use cache::Read;
 
 
@@ -310,11 +310,13 @@ fn guest_err(what: &'static str) -> impl Fn(wasmtime::Error) -> Error {
 }
 
 /// How a verb's reply is sent: its code as the guest said it, and its body, shared (not copied)
-/// when the reply cache serves it again — the one boundary type the host keeps its own.
+/// when the reply cache serves it again — the one boundary type the host keeps its own — with
+/// where the guest said its revision is (the reply cache's business only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub code: ReplyCode,
     pub body: bytes::Bytes,
+    pub revision: Option<RevisionSlot>,
 }
 
 impl ReconcileReport {
@@ -548,7 +550,7 @@ impl Guest {
                 })
             })
             .await?;
-        Ok((Reply { code: r.code, body: r.body.into() }, reads))
+        Ok((Reply { code: r.code, body: r.body.into(), revision: r.revision }, reads))
     }
 }
 
