@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use futures::StreamExt;
+use tests::bench::{cache_lookups, latencies, metric, pct, stale_between, stale_reasons, throughput, us};
 use tests::nats::{Bus, Host};
 
 const NEEDS: &str = "mesh-provisioner_needs";
@@ -30,41 +31,8 @@ const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
 const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-vault.process";
 const SIZED: &str = "$SRV.SIZED.mesh-vault.bench";
 
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
 
-async fn latencies(c: &Client, subject: &str, body: &[u8], n: usize) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let m = c.request(subject.to_string(), body.to_vec().into()).await.expect("reply");
-        out.push(t.elapsed());
-        std::hint::black_box(m);
-    }
-    out
-}
 
-async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: Duration) -> f64 {
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (c, count, subject, body) = (c.clone(), count.clone(), subject.to_string(), body.to_vec());
-        handles.push(tokio::spawn(async move {
-            while start.elapsed() < for_ {
-                if c.request(subject.clone(), body.clone().into()).await.is_ok() {
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    for h in handles {
-        let _ = h.await;
-    }
-    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
-}
 
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
@@ -113,9 +81,6 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
 /// The sized echo's reply, set to the verb's reply before each measurement.
 type Sized = Arc<std::sync::Mutex<bytes::Bytes>>;
 
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 /// The verb `verb` against the echoes, at p50 and p99, then under 32 requesters.
 async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8]) {
@@ -225,32 +190,6 @@ async fn wait_planned(c: &Client) -> serde_json::Value {
         assert!(start.elapsed() < Duration::from_secs(20), "never planned: {plan}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// One sample of the host's `/metrics` (0 when absent).
-async fn metric(url: &str, sample: &str) -> f64 {
-    let (_, _, text) = tests::browser::get(url).await;
-    text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-}
-
-/// Why replies were not served from the reply cache so far, by reason (see the metric).
-async fn stale_reasons(url: &str) -> std::collections::BTreeMap<String, f64> {
-    let (_, _, text) = tests::browser::get(url).await;
-    text.lines()
-        .filter_map(|l| l.strip_prefix("mesh_provisioner_reply_cache_stale_total{read=\""))
-        .filter_map(|l| l.split_once("\"} ").and_then(|(read, n)| Some((read.to_string(), n.trim().parse().ok()?))))
-        .collect()
-}
-
-/// What changed between two samples of [`stale_reasons`].
-fn stale_between(before: &std::collections::BTreeMap<String, f64>, after: &std::collections::BTreeMap<String, f64>) -> String {
-    let moved: Vec<String> = after.iter().filter_map(|(k, n)| { let d = n - before.get(k).unwrap_or(&0.0); (d > 0.0).then(|| format!("{k} {d}")) }).collect();
-    if moved.is_empty() { "none".into() } else { moved.join(", ") }
-}
-
-/// The reply cache's hits and misses so far.
-async fn cache_lookups(url: &str) -> (f64, f64) {
-    (metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await, metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await)
 }
 
 /// Writes `n` holders of `bound:postgres.<provision>` on node alpha (needs and values), pipelined.

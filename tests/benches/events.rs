@@ -11,15 +11,12 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use futures::StreamExt;
+use tests::bench::{pct, us};
 use tests::nats::{Bus, Host};
 
 const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
 const QUERY: &[u8] = br#"{"what":"needs","node":"beta","module":"m0042"}"#;
 
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
 
 /// Request round trips on `subject` until `until` says stop (at least `min` of them).
 async fn asked(c: &Client, subject: &str, body: &[u8], min: usize, until: impl Fn() -> bool) -> Vec<Duration> {
@@ -102,7 +99,6 @@ async fn run() {
     let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
     let (s50, s99) = (pct(&mut steady, 0.5), pct(&mut steady, 0.99));
     let (d50, d99) = (pct(&mut during, 0.5), pct(&mut during, 0.99));
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!("floor: echo as node-beta → mesh-vault p50 {:.0} µs p99 {:.0} µs", us(f50), us(f99));
     println!("needs of one module, nothing changing: p50 {:.0} µs = {:.2}× echo; p99 {:.0} µs = {:.2}× echo", us(s50), s50.as_secs_f64() / f50.as_secs_f64(), us(s99), s99.as_secs_f64() / f99.as_secs_f64());
     println!(

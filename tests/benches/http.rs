@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use futures::StreamExt;
+use tests::bench::throughput;
 use tests::browser::{get, Browser};
 use tests::nats::{Bus, Host};
 
@@ -29,26 +30,6 @@ async fn p50(c: &Client, subject: &str, body: &[u8], n: usize) -> Duration {
     v[n / 2]
 }
 
-async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: Duration) -> f64 {
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (c, count, subject, body) = (c.clone(), count.clone(), subject.to_string(), body.to_vec());
-            tokio::spawn(async move {
-                while start.elapsed() < for_ {
-                    if c.request(subject.clone(), body.clone().into()).await.is_ok() {
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        let _ = h.await;
-    }
-    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
-}
 
 /// (p50 ratio to echo, throughput ratio to echo) of the needs query against `host`.
 async fn measure(c: &Client) -> (f64, f64) {

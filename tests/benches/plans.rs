@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use mesh_provisioner::backend::{Backend, MemoryBackend};
 use mesh_provisioner::kept::KeptPlans;
 use mesh_provisioner::runtime::{Change, Limits, ReplyCode, Runtime};
+use tests::bench::us;
 use tests::native::Native;
 
 const NODES: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -22,9 +23,6 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 /// 3 nodes × 1000 modules: each wanted at b1 with the indexer's newest at b2, both published
 /// with 10 needs of mixed kinds, and 10 needs recorded per module for the baseline query.

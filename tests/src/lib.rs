@@ -8,6 +8,7 @@ use mesh_provisioner::backend::Backend;
 use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
 use serde_json::Value;
 
+pub mod bench;
 pub mod browser;
 pub mod chaos;
 pub mod golden;

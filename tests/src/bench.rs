@@ -1,0 +1,118 @@
+//! What the benchmarks share: percentiles, microseconds, and request round trips one after
+//! another or from many requesters at once. Figures are for printing as ratios to a floor
+//! measured in the same run; nothing here asserts a time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::Client;
+
+/// The `p` quantile (0–1) of `v` (sorted here).
+pub fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// `n` round trips of `body` on `subject`, one after another.
+pub async fn latencies(c: &Client, subject: &str, body: &[u8], n: usize) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let m = c.request(subject.to_string(), body.to_vec().into()).await.expect("reply");
+        out.push(t.elapsed());
+        std::hint::black_box(m);
+    }
+    out
+}
+
+/// Requests a second answered on `subject` by `tasks` requesters asking `body` for `for_`.
+pub async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: Duration) -> f64 {
+    let bodies = vec![body.to_vec(); tasks];
+    requesters(c, subject, &bodies, for_).await.0
+}
+
+/// One requester a body, each asking its own on `subject` for `for_`, one request at a time:
+/// requests a second answered, and every answered request's round trip.
+pub async fn requesters(c: &Client, subject: &str, bodies: &[Vec<u8>], for_: Duration) -> (f64, Vec<Duration>) {
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = bodies
+        .iter()
+        .map(|body| {
+            let (c, count, subject, body) = (c.clone(), count.clone(), subject.to_string(), body.clone());
+            tokio::spawn(async move {
+                let mut times = Vec::new();
+                while start.elapsed() < for_ {
+                    let t = Instant::now();
+                    if c.request(subject.clone(), body.clone().into()).await.is_ok() {
+                        times.push(t.elapsed());
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                times
+            })
+        })
+        .collect();
+    let mut times = Vec::new();
+    for h in handles {
+        times.extend(h.await.unwrap_or_default());
+    }
+    (count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(), times)
+}
+
+/// One sample of the host's `/metrics` (0 when absent).
+pub async fn metric(url: &str, sample: &str) -> f64 {
+    let (_, _, text) = crate::browser::get(url).await;
+    text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+}
+
+/// Why replies were not served from the reply cache so far, by reason (see the metric).
+pub async fn stale_reasons(url: &str) -> std::collections::BTreeMap<String, f64> {
+    let (_, _, text) = crate::browser::get(url).await;
+    text.lines()
+        .filter_map(|l| l.strip_prefix("mesh_provisioner_reply_cache_stale_total{read=\""))
+        .filter_map(|l| l.split_once("\"} ").and_then(|(read, n)| Some((read.to_string(), n.trim().parse().ok()?))))
+        .collect()
+}
+
+/// What changed between two samples of [`stale_reasons`].
+pub fn stale_between(before: &std::collections::BTreeMap<String, f64>, after: &std::collections::BTreeMap<String, f64>) -> String {
+    let moved: Vec<String> = after.iter().filter_map(|(k, n)| { let d = n - before.get(k).unwrap_or(&0.0); (d > 0.0).then(|| format!("{k} {d}")) }).collect();
+    if moved.is_empty() { "none".into() } else { moved.join(", ") }
+}
+
+/// The reply cache's hits and misses so far.
+pub async fn cache_lookups(url: &str) -> (f64, f64) {
+    (metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await, metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await)
+}
+
+/// CPU seconds (user and system) process `pid` has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces), from its closing parenthesis.
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command; 100 a second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Each guest export's calls so far, and the seconds spent in them.
+pub async fn guest_calls(url: &str) -> std::collections::BTreeMap<String, (f64, f64)> {
+    let (_, _, text) = crate::browser::get(url).await;
+    let mut calls = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        for (suffix, sum) in [("_count{export=\"", false), ("_sum{export=\"", true)] {
+            let Some(rest) = l.strip_prefix("mesh_provisioner_guest_call_duration_seconds").and_then(|l| l.strip_prefix(suffix)) else { continue };
+            let Some((export, n)) = rest.split_once("\"} ") else { continue };
+            let n: f64 = n.trim().parse().unwrap_or(0.0);
+            let e: &mut (f64, f64) = calls.entry(export.to_string()).or_default();
+            if sum { e.1 = n } else { e.0 = n }
+        }
+    }
+    calls
+}
