@@ -20,6 +20,7 @@
 //! bytes every mirror holds are summed process-wide ([`total_bytes`]) so the backend can keep
 //! them within a budget.
 
+mod log;
 mod reach;
 mod table;
 
@@ -28,6 +29,7 @@ use std::collections::HashMap;
 use std::ops::Bound;
 use table::{Slot, Table};
 pub use table::Sorted;
+pub use log::Log;
 pub use reach::Reach;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -511,6 +513,11 @@ impl Mirror {
     /// The keys whose last message is a delete or purge marker, with its revision.
     pub fn tombstones(&self) -> Vec<(Arc<str>, u64)> {
         self.read().tombstones.iter().map(|(k, r)| (k.clone(), *r)).collect()
+    }
+
+    /// Fills an empty mirror at once with what a full replay delivered ([`Log::build`]).
+    pub fn restore_replayed(&self, built: log::Built, origin: i128) -> Result<()> {
+        self.restore(built.entries, built.markers, built.revision, origin)
     }
 
     /// Fills an empty mirror at once (a snapshot loaded): `entries` (in key order, as a

@@ -215,7 +215,7 @@ impl Follower {
         };
         staged.set_origin(stream.created_ns);
         if resumed.is_some() {
-            if let Some(refused) = self.over_budget(&staged) {
+            if let Some(refused) = self.over_budget(&staged, 0) {
                 return refused;
             }
         }
@@ -252,6 +252,9 @@ impl Follower {
         staged.note_revision(state.last_sequence);
         let mut live = false;
         let started = Instant::now();
+        // A full replay is logged as it comes and packed once at its end (see `Log`); one
+        // resumed from a snapshot updates the keys loaded, in place.
+        let mut log = resumed.is_none().then(crate::mirror::Log::default);
         let nothing_to_replay = match resumed {
             Some(after) => state.messages == 0 || state.last_sequence <= after,
             None => state.messages == 0,
@@ -282,24 +285,37 @@ impl Follower {
             };
             let target = if live { mirror.as_ref() } else { &staged };
             target.set_lag(entry.delta);
-            let deleted = match entry.operation {
-                kv::Operation::Put => {
-                    target.put(&entry.key, entry.revision, &entry.value);
-                    if let Some(refused) = self.over_budget(&staged) {
+            let deleted = !matches!(entry.operation, kv::Operation::Put);
+            match log.as_mut().filter(|_| !live) {
+                Some(log) => {
+                    let logged = if deleted { log.delete(&entry.key, entry.revision) } else { log.put(&entry.key, entry.revision, &entry.value) };
+                    if !logged {
+                        return Followed::Lost(Err(Error::new(ErrorKind::Invalid, format!("{bucket}: a message of {} bytes at {:?}, past what a mirror holds", entry.value.len(), entry.key))));
+                    }
+                    if let Some(refused) = self.over_budget(&staged, log.bytes()) {
                         return refused;
                     }
-                    false
                 }
-                kv::Operation::Delete | kv::Operation::Purge => {
-                    target.delete(&entry.key, entry.revision);
-                    true
+                None if deleted => target.delete(&entry.key, entry.revision),
+                None => {
+                    target.put(&entry.key, entry.revision, &entry.value);
+                    if let Some(refused) = self.over_budget(&staged, 0) {
+                        return refused;
+                    }
                 }
-            };
+            }
             if live {
                 // Live, not replayed: plans may move, and holders are told.
                 self.record(Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
+                if let Some(log) = log.take() {
+                    let (into, origin) = (staged.clone(), stream.created_ns);
+                    let packed = tokio::task::spawn_blocking(move || into.restore_replayed(log.build(), origin)).await;
+                    if let Err(e) = packed.map_err(|e| Error::new(ErrorKind::Unavailable, format!("packing {bucket}'s replay: {e}"))).and_then(|r| r) {
+                        return Followed::Lost(Err(e));
+                    }
+                }
                 if let Err(e) = self.check_resumed(resumed, &staged).await {
                     return Followed::Lost(Err(e));
                 }
@@ -315,8 +331,8 @@ impl Follower {
     /// When the mirrors hold more than their budget: the copy being built is dropped rather
     /// than grown until the process is killed, and the bucket refused (said in /readyz, status
     /// and the metrics) until there is room again.
-    fn over_budget(&self, staged: &Mirror) -> Option<Followed> {
-        if self.budget == 0 || crate::mirror::total_bytes() <= self.budget {
+    fn over_budget(&self, staged: &Mirror, logged: usize) -> Option<Followed> {
+        if self.budget == 0 || crate::mirror::total_bytes() + logged <= self.budget {
             return None;
         }
         staged.clear();
