@@ -786,7 +786,7 @@ impl Mirror {
 
 /// Returns the heap's free pages to the system after a large delta was freed: glibc keeps
 /// them otherwise, and a mirror packed after a full replay would look as large as before.
-fn give_back_freed_memory() {
+pub(crate) fn give_back_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own heap under its own locks; it reads and
     // writes no memory of ours.

@@ -425,8 +425,9 @@ async fn plain_watch(js: &async_nats::jetstream::Context) -> (usize, Duration) {
 }
 
 /// The floor of a start: a server without accounts or permissions, holding a needs bucket of
-/// the same keys and values (written here by one pipelined client), read by a plain watch.
-async fn unrestricted_floor(keys: usize) -> (usize, Duration) {
+/// the same keys and values (written here by one pipelined client), read by a plain watch; and
+/// the same watch on one thread.
+async fn unrestricted_floor(keys: usize) -> (usize, Duration, Duration) {
     const OPEN: &str = "listen: \"127.0.0.1:{{PORT}}\"\njetstream { store_dir: \"{{DIR}}/js\" }\n";
     let server = tests::nats::RawServer::start(OPEN).await;
     let client = async_nats::connect(format!("nats://127.0.0.1:{}", server.port)).await.expect("connect");
@@ -444,8 +445,23 @@ async fn unrestricted_floor(keys: usize) -> (usize, Duration) {
     while acks.next().await.is_some() {}
     drop(acks);
     let floor = plain_watch(&js).await;
+    let one_thread = plain_watch_on_one_thread(format!("nats://127.0.0.1:{}", server.port));
     server.stop().await;
-    floor
+    (floor.0, floor.1, one_thread)
+}
+
+/// The same plain watch with everything on one thread, as the host runs: the connection's
+/// reader and the watch share it (in the bench's own runtime they run on two).
+fn plain_watch_on_one_thread(url: String) -> Duration {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let client = async_nats::connect(url).await.expect("connect");
+            plain_watch(&async_nats::jetstream::new(client)).await.1
+        })
+    })
+    .join()
+    .expect("the one-thread watch")
 }
 
 /// From `serve` to the first answer to `query` (an answer is current: a mirror answers only
@@ -495,10 +511,11 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let wrote = snapshots_written(&stopped.log_text());
     let state = std::mem::replace(&mut stopped.state, tempfile::tempdir().unwrap());
     let snapshot = std::fs::metadata(state.path().join("mirrors").join(format!("{NEEDS}.mirror"))).map(|m| m.len()).unwrap_or(0);
-    let (n_open, open) = unrestricted_floor(keys).await;
+    let (n_open, open, one_thread) = unrestricted_floor(keys).await;
     let (n, example) = plain_watch(&bus.js("mesh-provisioner").await).await;
     let (host, resumed) = first_answer(bus, c, query, state, &[]).await;
     let resumed_rss = settled_rss(&host).await;
+    let resumed_peak = tests::peak_rss_kib(host.child.id().expect("host pid"));
     let resumed_log = host.log_text();
     host.signal("TERM");
     let mut host = host;
@@ -506,6 +523,7 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let state = std::mem::replace(&mut host.state, tempfile::tempdir().unwrap());
     let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
     let full_rss = settled_rss(&host).await;
+    let full_peak = tests::peak_rss_kib(host.child.id().expect("host pid"));
     let secs = |d: Duration| d.as_secs_f64();
     println!(
         "start at {keys} keys, floor: a plain watch reads the bucket ({n_open} keys) on a server without permissions in {:.2} s (on the example config as the provisioner's user: {:.2} s, {n} keys, {:.2}×)",
@@ -517,8 +535,16 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     }
     println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
     println!(
+        "    (the same plain watch on one thread, as the host runs: {:.2} s = {:.2}× the floor; the full replay = {:.2}× that)",
+        secs(one_thread), secs(one_thread) / secs(open), secs(full) / secs(one_thread)
+    );
+    println!(
         "  host RSS 10 s after the first answer: {} MiB from the snapshot, {} MiB after a full replay ({:.2}× / {:.2}× the raw {} MiB)",
         resumed_rss / 1024, full_rss / 1024, resumed_rss as f64 * 1024.0 / raw as f64, full_rss as f64 * 1024.0 / raw as f64, raw >> 20
+    );
+    println!(
+        "  host peak RSS (VmHWM) over each start: {} MiB from the snapshot, {} MiB by a full replay ({:.2}× / {:.2}× the raw)",
+        resumed_peak / 1024, full_peak / 1024, resumed_peak as f64 * 1024.0 / raw as f64, full_peak as f64 * 1024.0 / raw as f64
     );
     let mut standby =
         Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);

@@ -311,7 +311,13 @@ impl Follower {
             } else if entry.delta == 0 {
                 if let Some(log) = log.take() {
                     let (into, origin) = (staged.clone(), stream.created_ns);
-                    let packed = tokio::task::spawn_blocking(move || into.restore_replayed(log.build(), origin)).await;
+                    let packed = tokio::task::spawn_blocking(move || {
+                        let restored = into.restore_replayed(log.build(), origin);
+                        // The log, a copy of every key and value, is freed by now.
+                        crate::mirror::give_back_freed_memory();
+                        restored
+                    })
+                    .await;
                     if let Err(e) = packed.map_err(|e| Error::new(ErrorKind::Unavailable, format!("packing {bucket}'s replay: {e}"))).and_then(|r| r) {
                         return Followed::Lost(Err(e));
                     }
