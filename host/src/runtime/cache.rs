@@ -88,8 +88,10 @@ impl Read {
                     false
                 } else if mirror.version() == *version {
                     true
+                } else if !carried {
+                    false
                 } else {
-                    return match mirror.unchanged_in(reach, *version).filter(|_| carried) {
+                    return match mirror.unchanged_in(reach, *version) {
                         Some((version, revision)) => Now::Moved { version, revision },
                         None => Now::Stale,
                     };
@@ -242,7 +244,10 @@ impl ReplyCache {
         }
         if !moved.is_empty() {
             // Kept again as a fresh call would answer now, so the next hit copies nothing.
-            let reply = k.carried(&moved)?;
+            let Some(reply) = k.carried(&moved) else {
+                crate::metrics::metrics().reply_cache_stale("(not carried: its revision would not fit)");
+                return None;
+            };
             for &(i, now, _) in &moved {
                 if let Read::Mirror { version, .. } = &mut k.reads[i] {
                     *version = now;
@@ -264,9 +269,9 @@ impl ReplyCache {
             return;
         }
         // One entry per mirror, at its oldest version read, reaching all its reads reached; a
-        // bucket read from two different
-        // mirrors (one replaced mid-call) is not kept. Other reads repeated alike (a status
-        // page reads the kept plans' version once per module) are checked once.
+        // bucket read from two different mirrors (one replaced mid-call) is not kept. Other
+        // reads repeated alike (a status page reads the kept plans' version once per module)
+        // are checked once.
         let key = |r: &Read| match r {
             Read::Mirror { bucket, version, .. } => (0, bucket.clone(), *version),
             Read::Kept { version } => (1, String::new(), *version),
