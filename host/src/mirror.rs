@@ -515,14 +515,9 @@ impl Mirror {
         self.read().tombstones.iter().map(|(k, r)| (k.clone(), *r)).collect()
     }
 
-    /// Fills an empty mirror at once with what a full replay delivered ([`Log::build`]).
-    pub fn restore_replayed(&self, built: log::Built, origin: i128) -> Result<()> {
-        self.restore(built.entries, built.markers, built.revision, origin)
-    }
-
-    /// Fills an empty mirror at once (a snapshot loaded): `entries` (in key order, as a
-    /// [`Sorted`] holds them), the markers, the revision the contents are as of and the stream
-    /// they come from.
+    /// Fills an empty mirror at once (a snapshot loaded, a full replay's [`Log`] built):
+    /// `entries` (in key order, as a [`Sorted`] holds them), the markers, the revision the
+    /// contents are as of and the stream they come from.
     pub fn restore(&self, entries: Sorted, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
         let mut s = self.write();
         if s.table.len() > 0 || !s.tombstones.is_empty() {

@@ -63,14 +63,6 @@ impl Log {
         self.arena.len() + self.ops.len() * std::mem::size_of::<Op>()
     }
 
-    pub fn len(&self) -> usize {
-        self.ops.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
     fn key(&self, op: &Op) -> &[u8] {
         &self.arena[op.at..op.at + op.key as usize]
     }

@@ -34,7 +34,7 @@ impl Reach {
     /// What a read of a key, or a scan of a subject filter, looks at: the slot of its first
     /// token, or everything when that token is a wildcard.
     pub fn of(subject: &str) -> Reach {
-        let first = subject.split('.').next().unwrap_or_default();
+        let first = first_token(subject);
         if first == "*" || first == ">" {
             return Reach::everything();
         }
@@ -62,6 +62,10 @@ impl Reach {
     }
 }
 
+fn first_token(subject: &str) -> &str {
+    subject.split('.').next().unwrap_or_default()
+}
+
 /// The slot of a first token (FNV-1a: fixed, so a test can name two tokens that collide).
 fn slot(token: &str) -> usize {
     let h = token.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
@@ -85,7 +89,7 @@ impl Default for Changes {
 impl Changes {
     /// `key` was put or deleted at `version`.
     pub fn key(&self, key: &str, version: u64) {
-        self.slots[slot(key.split('.').next().unwrap_or_default())].store(version, Ordering::Relaxed);
+        self.slots[slot(first_token(key))].store(version, Ordering::Relaxed);
     }
 
     /// Something other than one key changed at `version`.

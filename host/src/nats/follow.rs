@@ -312,7 +312,8 @@ impl Follower {
                 if let Some(log) = log.take() {
                     let (into, origin) = (staged.clone(), stream.created_ns);
                     let packed = tokio::task::spawn_blocking(move || {
-                        let restored = into.restore_replayed(log.build(), origin);
+                        let built = log.build();
+                        let restored = into.restore(built.entries, built.markers, built.revision, origin);
                         // The log, a copy of every key and value, is freed by now.
                         crate::mirror::give_back_freed_memory();
                         restored
