@@ -46,7 +46,7 @@ pub struct Holder {
 /// The kind and name of the needs a plan lists, when readable.
 fn planned_needs(p: &plan::Plan) -> Vec<Need> {
     let body = p.entries.first().and_then(|e| e.plan.as_ref()).map(|(_, b)| b.needs.as_slice()).unwrap_or_default();
-    body.iter().filter_map(|raw| provision::need(raw).ok()).collect()
+    body.iter().filter_map(|listed| listed.need().cloned()).collect()
 }
 
 /// Checks `module` on `node` as a holder of `kind:name`; `None` when it does not hold it (not

@@ -31,6 +31,25 @@ pub(crate) fn join(p: &Pair) -> String {
     format!("{}.{}", p.0, p.1)
 }
 
+/// The bytes of `<node>.<module>`, without building it.
+fn joined(p: &Pair) -> impl Iterator<Item = u8> + '_ {
+    p.0.bytes().chain(std::iter::once(b'.')).chain(p.1.bytes())
+}
+
+/// `p` against a position `<node>.<module>` in the page's order (`join(p).cmp(position)`),
+/// without building it: a page compares thousands of pairs.
+pub(crate) fn cmp_at(p: &Pair, position: &str) -> std::cmp::Ordering {
+    joined(p).cmp(position.bytes())
+}
+
+/// Two pairs in the page's order (`join(a).cmp(&join(b))`).
+fn cmp_pairs(a: &Pair, b: &Pair) -> std::cmp::Ordering {
+    if a.0 == b.0 {
+        return a.1.cmp(&b.1);
+    }
+    joined(a).cmp(joined(b))
+}
+
 /// The modules one source names: those read, and the last module up to which it is complete
 /// (`None`: read to its end).
 pub(crate) struct Source {
@@ -72,7 +91,7 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
     let mut seen: std::collections::HashSet<Pair> = std::collections::HashSet::new();
     let mut cursor = cursor.map(str::to_string);
     let (mut read, mut complete) = (0usize, false);
-    let beyond = |p: &Pair| after.is_none_or(|a| join(p).as_str() > a);
+    let beyond = |p: &Pair| after.is_none_or(|a| cmp_at(p, a).is_gt());
     while found.len() <= limit as usize && read < MAX_NEEDS_READ {
         let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
         read += page.entries.len();
@@ -101,7 +120,7 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
             }
         }
     }
-    let horizon = if complete { None } else { found.iter().map(join).max() };
+    let horizon = if complete { None } else { found.iter().max_by(|a, b| cmp_pairs(a, b)).map(join) };
     found.extend(shorter);
     Ok(Source { found, horizon })
 }
@@ -186,13 +205,13 @@ pub(crate) fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, a
     }
     let horizon = sources.iter().filter_map(|s| s.horizon.clone()).min();
     let mut all: Vec<Pair> = sources.into_iter().flat_map(|s| s.found).collect();
-    all.sort_by_key(join);
+    all.sort_by(cmp_pairs);
     all.dedup();
-    all.retain(|p| after.is_none_or(|a| join(p).as_str() > a));
+    all.retain(|p| after.is_none_or(|a| cmp_at(p, a).is_gt()));
     let mut upto = None;
     if let Some(h) = &horizon {
         // A source read only so far: nothing past what it covers is known to be complete.
-        all.retain(|p| join(p) <= *h);
+        all.retain(|p| cmp_at(p, h).is_le());
         upto = Some(h.clone());
     }
     if all.len() > limit as usize {

@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::env::{Env, HostError};
 use crate::escape::{identifier_problem, shorten};
 use crate::keys::{composed, APPLIED, ASSIGNMENTS, BUILDS};
-use crate::provision;
+use crate::provision::{self, Listed};
 use crate::value::to_json;
 use serde::Serialize;
 
@@ -57,7 +57,7 @@ enum Source {
 #[derive(Debug, Clone)]
 pub struct Body {
     pub raw: Box<RawValue>,
-    pub needs: Vec<Value>,
+    pub needs: Vec<Listed>,
 }
 
 impl PartialEq for Body {
@@ -71,14 +71,34 @@ impl Body {
     /// JSON, not only `needs`: it is passed on raw, and a raw value skipped over unread may hold
     /// what no strict reader takes (a lone surrogate `\uDFFF`, found by fuzzing), which would
     /// make the whole answer unreadable to a node.
+    ///
+    /// Read without a tree when it is plain (its needs typed, the rest only checked); the
+    /// tree's reading, below, stays the one that says what is wrong.
     pub fn parse(raw: Box<RawValue>) -> Result<Body, String> {
+        match Self::plain_needs(raw.get()) {
+            Some(needs) => Ok(Body { raw, needs }),
+            None => Self::parse_tree(raw),
+        }
+    }
+
+    /// The needs of a plan every part of which reads cleanly; `None` for anything else.
+    fn plain_needs(text: &str) -> Option<Vec<Listed>> {
+        match crate::value::field(text.as_bytes(), "needs").ok()? {
+            None => Some(Vec::new()),
+            Some(n) if n.get() == "null" => Some(Vec::new()),
+            Some(n) if n.get().starts_with('[') => serde_json::from_str::<Vec<&RawValue>>(n.get()).ok()?.into_iter().map(Listed::of_text).collect(),
+            Some(_) => None,
+        }
+    }
+
+    fn parse_tree(raw: Box<RawValue>) -> Result<Body, String> {
         let whole: Value = serde_json::from_str(raw.get()).map_err(|e| format!("the plan cannot be read: {e}"))?;
         let Value::Object(mut fields) = whole else {
             return Err("the plan is not an object".into());
         };
         let needs = match fields.remove("needs") {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(n)) => n,
+            Some(Value::Array(n)) => n.into_iter().map(Listed::of_value).collect(),
             Some(_) => return Err("its plan's `needs` is not a list".into()),
         };
         Ok(Body { raw, needs })
@@ -368,7 +388,7 @@ impl Plan {
                 reason: e.reason.as_deref(),
                 plan_build: e.plan.as_ref().map(|(b, _)| b.as_str()),
                 plan: e.plan.as_ref().map(|(_, p)| &*p.raw),
-                provisions: e.plan.as_ref().map(|(_, p)| p.needs.iter().map(|raw| provision::provision(&self.node, &self.module, raw)).collect()),
+                provisions: e.plan.as_ref().map(|(_, p)| p.needs.iter().map(|listed| provision::provision(&self.node, &self.module, listed)).collect()),
             })
             .collect();
         to_json(&Answer {
@@ -438,6 +458,60 @@ mod tests {
         assert!(Body::parse(raw).unwrap_err().contains("surrogate"));
         let raw = RawValue::from_string(r#"["needs"]"#.into()).unwrap();
         assert!(Body::parse(raw).unwrap_err().contains("not an object"));
+    }
+
+    /// Pieces of needs and plans, plain and odd, joined into texts a composition may hold.
+    fn plan_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let text = prop::sample::select(vec![r#""config""#, r#""db.url""#, r#""api""#, r#""k\u0069nd""#, r#""\uDFFF""#, "null", "7", "[]", "{}", r#""a\"b""#]);
+        let key = prop::sample::select(vec![r#""kind""#, r#""name""#, r#""part""#, r#""k\u0069nd""#, r#""extra""#, r#""needs""#]);
+        // Mostly near-plain needs: the plain reading's edges are where it could differ.
+        let field = (prop_oneof![4 => prop::sample::select(vec![r#""kind""#, r#""name""#, r#""part""#]), 1 => key.clone()], prop_oneof![4 => Just(r#""config""#), 1 => text.clone()]);
+        let value = prop_oneof![4 => Just(r#""config""#), 1 => text.clone()];
+        let near_plain = (value.clone(), value.clone(), prop::option::of(value), prop::option::weighted(0.2, key.clone()), any::<bool>()).prop_map(|(k, n, part, extra, reversed)| {
+            let mut f = vec![format!(r#""kind":{k}"#), format!(r#""name":{n}"#)];
+            f.extend(part.map(|p| format!(r#""part":{p}"#)));
+            f.extend(extra.map(|e| format!(r#"{e}:"x""#)));
+            if reversed {
+                f.reverse();
+            }
+            format!("{{{}}}", f.join(","))
+        });
+        let need = prop_oneof![
+            3 => near_plain,
+            1 => prop::collection::vec(field, 0..5).prop_map(|f| format!("{{{}}}", f.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(","))),
+            1 => prop::collection::vec(text.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+            1 => text.clone().prop_map(str::to_string),
+        ];
+        let needs = prop_oneof![prop::collection::vec(need, 0..4).prop_map(|n| format!("[{}]", n.join(","))), text.clone().prop_map(str::to_string)];
+        // A plan lists its needs, perhaps twice, beside other fields; a few plans are no object.
+        let fields = prop::collection::vec(prop_oneof![3 => needs.prop_map(|n| format!(r#""needs":{n}"#)), 1 => (key, text).prop_map(|(k, v)| format!("{k}:{v}"))], 0..4);
+        (fields, prop::bool::weighted(0.1)).prop_map(|(fields, array)| if array { format!("[{}]", fields.join(",")) } else { format!("{{{}}}", fields.join(",")) })
+    }
+
+    proptest::proptest! {
+        /// The plain reading is a shortcut, never another answer: whatever the plan holds, its
+        /// needs (read or said unreadable) and its refusal are the tree's.
+        #[test]
+        fn a_plan_reads_the_same_plainly_as_by_its_tree(text in plan_text()) {
+            let Ok(raw) = RawValue::from_string(text.clone()) else { return Ok(()) };
+            let fast = Body::parse(raw.clone()).map(|b| b.needs);
+            let tree = Body::parse_tree(raw).map(|b| b.needs);
+            proptest::prop_assert_eq!(fast, tree, "{}", text);
+        }
+    }
+
+    #[test]
+    fn a_plain_need_is_read_without_a_tree_and_an_odd_one_as_before() {
+        let plain = Body::plain_needs(r#"{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"dir","name":"state"}]}"#).expect("plain");
+        assert_eq!(plain[0], Listed::Read(provision::Need { kind: "config".into(), name: "db.url".into(), part: Some("api".into()) }));
+        assert_eq!(plain[1].need().map(|n| n.part.clone()), Some(None));
+        // `part: null` and a need by position are odd: said, as the tree says them.
+        let odd = Body::plain_needs(r#"{"needs":[{"kind":"config","name":"x","part":null},["config","x"]]}"#).expect("readable");
+        assert!(matches!(&odd[0], Listed::Unreadable { why, .. } if why.contains("part must be a string")), "{odd:?}");
+        assert!(matches!(&odd[1], Listed::Unreadable { why, .. } if why.contains("is an object")), "{odd:?}");
+        // What a strict reader refuses is left to the tree, which names it.
+        assert_eq!(Body::plain_needs(r#"{"needs":[],"x":"\uDFFF"}"#), None);
     }
 
     #[test]

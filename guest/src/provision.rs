@@ -8,8 +8,11 @@
 //! `filter` rather than a `key`. A kind no domain answers is `unanswered`; a need whose name does
 //! not fit its kind is `malformed` with the reason. No need is dropped.
 
+use std::borrow::Cow;
+
 use serde::ser::{SerializeMap, Serializer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::escape::{encode, identifier_problem, name_problem, shorten};
@@ -46,6 +49,57 @@ pub fn need(v: &Value) -> Result<Need, String> {
     })
 }
 
+/// One need as a plan lists it: read, or as written with why it cannot be read (it is still
+/// reported, never dropped).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Listed {
+    Read(Need),
+    Unreadable { need: Value, why: String },
+}
+
+impl Listed {
+    /// A need as the plan holds it, read as [`need`] reads its tree.
+    pub(crate) fn of_value(written: Value) -> Listed {
+        match need(&written) {
+            Ok(n) => Listed::Read(n),
+            Err(why) => Listed::Unreadable { need: written, why },
+        }
+    }
+
+    /// A need's text read straight into a [`Need`] when it is the plain object of
+    /// strings nearly every need is; anything else is read as a tree, as before. `None`: not
+    /// JSON a strict reader takes (the plan is then read the slow way, which says why).
+    pub(crate) fn of_text(raw: &RawValue) -> Option<Listed> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Plain {
+            kind: String,
+            name: String,
+            // Present means a string: `null` is an odd need, said by the tree's reading.
+            #[serde(default, deserialize_with = "present")]
+            part: Option<String>,
+        }
+        fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+            String::deserialize(d).map(Some)
+        }
+        // An array would fill the struct by position: only an object is plain.
+        if raw.get().starts_with('{') {
+            if let Ok(Plain { kind, name, part }) = serde_json::from_str::<Plain>(raw.get()) {
+                return Some(Listed::Read(Need { kind, name, part }));
+            }
+        }
+        serde_json::from_str::<Value>(raw.get()).ok().map(Listed::of_value)
+    }
+
+    /// The need, when it can be read.
+    pub fn need(&self) -> Option<&Need> {
+        match self {
+            Listed::Read(n) => Some(n),
+            Listed::Unreadable { .. } => None,
+        }
+    }
+}
+
 /// The provision of one need of a plan, as the plan verb lists it: the need and where its
 /// value is found, or the need as written and why it cannot be read.
 #[derive(Serialize)]
@@ -67,14 +121,11 @@ pub(crate) enum Provision<'a> {
     },
 }
 
-/// The provision of `raw`, a need of `module` on `node` as its plan lists it.
-pub(crate) fn provision<'a>(node: &str, module: &str, raw: &'a Value) -> Provision<'a> {
-    match need(raw) {
-        Ok(need) => {
-            let resolved = resolve(node, module, &need);
-            Provision::Read { need, resolved }
-        }
-        Err(reason) => Provision::Unreadable { need: raw, malformed: true, reason },
+/// The provision of `listed`, a need of `module` on `node` as its plan lists it.
+pub(crate) fn provision<'a>(node: &str, module: &str, listed: &'a Listed) -> Provision<'a> {
+    match listed {
+        Listed::Read(need) => Provision::Read { need: need.clone(), resolved: resolve(node, module, need) },
+        Listed::Unreadable { need, why } => Provision::Unreadable { need, malformed: true, reason: why.clone() },
     }
 }
 
@@ -163,7 +214,7 @@ fn split_bound(kind: &str, name: &str) -> Result<Filled, String> {
 
 /// Fills a shape's `<slot>`s with `value(slot)`; a slot with no value becomes `*` (and
 /// `wild` is set). `[.<local>]` is `.<local>` when there is a local, else nothing.
-fn subst(template: &str, value: impl Fn(&str) -> Option<String>, wild: &mut bool) -> String {
+fn subst<'v>(template: &str, value: impl Fn(&str) -> Option<Cow<'v, str>>, wild: &mut bool) -> String {
     let mut out = String::with_capacity(template.len() + 16);
     let mut rest = template;
     while let Some(open) = rest.find(['<', '[']) {
@@ -191,12 +242,18 @@ fn subst(template: &str, value: impl Fn(&str) -> Option<String>, wild: &mut bool
     out
 }
 
+/// Whether a shape has the `<slot>` (with its brackets): looked for at each `<` only, which
+/// costs a component a fraction of building a substring searcher for every need.
+fn has_slot(template: &str, slot: &str) -> bool {
+    template.match_indices('<').any(|(i, _)| template[i..].starts_with(slot))
+}
+
 fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result<Resolved, String> {
     let (bucket, key, collection) = match &domain.answer {
         Answer::Verb(verb) => return Ok(Resolved::Verb { domain: domain.owner, verb }),
         Answer::Bucket { bucket, key, collection } => (*bucket, *key, *collection),
     };
-    let filled = if bucket.contains("<provider>") || key.contains("<provision>") {
+    let filled = if has_slot(bucket, "<provider>") || has_slot(key, "<provision>") {
         split_bound(domain.kind, name)?
     } else {
         Filled::default()
@@ -205,17 +262,17 @@ fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result
     // collection its need names.
     let collection = match collection {
         Some(c) => Some(c.to_string()),
-        None if key.contains("<collection>") => Some(name.to_string()),
+        None if has_slot(key, "<collection>") => Some(name.to_string()),
         None => None,
     };
     let value = |slot: &str| match slot {
-        "node" => Some(node.to_string()),
-        "module" => Some(module.to_string()),
-        "name" => Some(encode(name)),
-        "provider" => filled.provider.clone(),
-        "provision" => filled.provision.clone(),
-        "local" => filled.local.clone(),
-        "collection" => collection.as_deref().map(encode),
+        "node" => Some(Cow::Borrowed(node)),
+        "module" => Some(Cow::Borrowed(module)),
+        "name" => Some(Cow::Owned(encode(name))),
+        "provider" => filled.provider.as_deref().map(Cow::Borrowed),
+        "provision" => filled.provision.as_deref().map(Cow::Borrowed),
+        "local" => filled.local.as_deref().map(Cow::Borrowed),
+        "collection" => collection.as_deref().map(|c| Cow::Owned(encode(c))),
         _ => None,
     };
     let mut wild = false;
@@ -235,7 +292,7 @@ mod tests {
 
     fn at(kind: &str, name: &str) -> Value {
         let raw = json!({"kind": kind, "name": name});
-        serde_json::from_str(&crate::value::to_json(&provision("alpha", "app", &raw))).expect("a provision is JSON")
+        serde_json::from_str(&crate::value::to_json(&provision("alpha", "app", &Listed::of_value(raw)))).expect("a provision is JSON")
     }
 
     #[test]

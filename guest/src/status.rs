@@ -165,18 +165,18 @@ fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Re
     }
     let planned = plan.entries.first().and_then(|e| e.plan.as_ref());
     let mut unreadable = Vec::new();
-    for raw in planned.map(|(_, body)| body.needs.as_slice()).unwrap_or_default() {
-        match provision::need(raw) {
-            Ok(n) => match needs.iter_mut().find(|(have, _, _)| have.kind == n.kind && have.name == n.name) {
+    for listed in planned.map(|(_, body)| body.needs.as_slice()).unwrap_or_default() {
+        match listed {
+            provision::Listed::Read(n) => match needs.iter_mut().find(|(have, _, _)| have.kind == n.kind && have.name == n.name) {
                 Some((have, _, planned)) => {
                     *planned = true;
                     if have.part.is_none() {
-                        have.part = n.part;
+                        have.part = n.part.clone();
                     }
                 }
-                None => needs.push((n, false, true)),
+                None => needs.push((n.clone(), false, true)),
             },
-            Err(why) => unreadable.push(why),
+            provision::Listed::Unreadable { why, .. } => unreadable.push(why.clone()),
         }
     }
 

@@ -4,7 +4,9 @@
 //! applied or assigned) and, beside it, one where every module is assigned, applied and planned
 //! from a published composition. A benchmark, not a test: it prints figures.
 //!
-//! `cargo bench -p tests --bench status` (after `cargo build -p guest --target wasm32-wasip2 --release`)
+//! `cargo bench -p tests --bench status` (after `cargo build -p guest --target wasm32-wasip2 --release`);
+//! with `BENCH_AGAINST=<another component>`, also the two components' status compared round by
+//! round (interleaved, so a noisy machine slows both alike).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,19 +40,23 @@ fn mesh(planned: bool) -> Arc<MemoryBackend> {
 }
 
 /// Every page of `query` (a `what` for node alpha, `PAGE` a page), answered by `ask`: the time
-/// in all and the lines listed.
+/// the answers took in all (not the reading of them here: a tree of a page's JSON costs about
+/// what the answer does) and the lines listed.
 fn pages(what: &str, limit: usize, mut ask: impl FnMut(&[u8]) -> Vec<u8>) -> (Duration, usize) {
     let mut q = serde_json::json!({"what": what, "node": "alpha", "limit": limit});
-    let (start, mut lines) = (Instant::now(), 0);
+    let (mut took, mut lines) = (Duration::ZERO, 0);
     loop {
-        let body = ask(q.to_string().as_bytes());
+        let request = q.to_string();
+        let start = Instant::now();
+        let body = ask(request.as_bytes());
+        took += start.elapsed();
         let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
         let n = v["entries"].as_array().map_or(0, Vec::len);
         assert!(n > 0, "an empty page: {v}");
         lines += n;
         match v.get("next") {
             Some(next) => q["after"] = next.clone(),
-            None => return (start.elapsed(), lines),
+            None => return (took, lines),
         }
     }
 }
@@ -64,6 +70,7 @@ fn main() {
     // Every request calls the guest: the cost of an answer, not of a kept one.
     let runtime = Runtime::with_options(Options { reply_cache: false, ..Options::default() }).expect("runtime");
     let guest = runtime.load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
+    let against = std::env::var_os("BENCH_AGAINST").map(|path| runtime.load(&std::fs::read(&path).expect("the component to compare"), None).expect("compile"));
     for (label, planned) in [("needs only (the bus bench's mesh)", false), ("assigned, applied and planned", true)] {
         let b = mesh(planned);
         let backend: Arc<dyn Backend> = b.clone();
@@ -77,6 +84,18 @@ fn main() {
                 })
             })
         };
+        if let Some(other) = &against {
+            let per_module = |g: &mesh_provisioner::runtime::Guest| {
+                let (d, n) = pages("status", PAGE, |q| rt.block_on(g.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", q, 1 << 20)).expect("call").body.to_vec());
+                d.as_secs_f64() * 1e6 / n as f64
+            };
+            let (mut this, mut that) = (f64::MAX, f64::MAX);
+            for _ in 0..ROUNDS * 2 {
+                this = this.min(per_module(&guest));
+                that = that.min(per_module(other));
+            }
+            println!("  {label}: this component's status {this:.1} µs a module, the one compared {that:.1} µs: {:.2}×", this / that);
+        }
         let natively = |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
         // The floor: the same modules' needs, read through the verb in pages of as many keys.
         let (floor, keys) = wasm("needs", PAGE * 10);

@@ -206,6 +206,10 @@ impl Runtime {
     pub fn with_options(options: Options) -> Result<Self> {
         let mut config = Config::new();
         config.epoch_interruption(true);
+        // For profiling only: `perf` then names the guest's functions (/tmp/perf-<pid>.map).
+        if std::env::var_os("MESH_PROVISIONER_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if options.pooling {
             let mut pool = wasmtime::PoolingAllocationConfig::default();
             pool.total_component_instances(1000).total_core_instances(4000).total_memories(2000).total_tables(2000).total_stacks(1000);
