@@ -120,9 +120,9 @@ fn summary(needs: &[&NeedStatus]) -> String {
 /// needs' and the applied records' buckets.
 type Healths = std::collections::BTreeMap<String, Result<Health, HostError>>;
 
-/// What a whole answer asks once, however many modules read it.
+/// What a whole answer (or one call's state sweep) asks once, however many modules read it.
 #[derive(Default)]
-struct Asked {
+pub(crate) struct Asked {
     healths: Healths,
     providers: Providers,
 }
@@ -134,7 +134,7 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
 
 /// As [`module`], asking each bucket's health and each provider's assignments at most once
 /// across calls sharing `asked`.
-fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Result<ModuleStatus, HostError> {
+pub(crate) fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Result<ModuleStatus, HostError> {
     let pair = format!("{node}.{module}");
     let plan = plan::compute(env, node, module, false)?;
     let mut out_of_shape = Vec::new();

@@ -213,8 +213,11 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
     let live: Vec<Pair> = pairs.into_iter().collect();
     let (now_live, later) = live.split_at(live.len().min(MAX_PER_CALL));
     report.rest.extend(later.iter().map(module_change));
+    // One call is one moment: each bucket's health, existence and each provider are asked once
+    // for all its modules, as for a page of status.
+    let mut asked = status::Asked::default();
     for (p, quiet) in now_live.iter().map(|p| (p, false)).chain(swept.iter().filter(|p| !now_live.contains(p)).map(|p| (p, quiet_sweep))) {
-        match transition(env, p, now, quiet) {
+        match transition(env, p, now, quiet, &mut asked) {
             Ok(Some(t)) => report.transitions.push(t),
             Ok(None) => {}
             Err(e @ (HostError::Unavailable(_) | HostError::Timeout(_))) => return Err(e),
@@ -230,7 +233,7 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
 
 /// The record and event for `p`, if its state is not the one recorded. `quiet`: found by a
 /// sweep, so a module never recorded is recorded without an event.
-fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool) -> Result<Option<Transition>, HostError> {
+fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool, asked: &mut status::Asked) -> Result<Option<Transition>, HostError> {
     let (node, module) = (p.0.as_str(), p.1.as_str());
     let recorded = record::read(env, node, module)?;
     let expected = recorded.as_ref().map_or(0, |(_, r)| *r);
@@ -244,7 +247,7 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool) -> Result<Option<
         let event = Some(crate::value::to_json(&event).into_bytes());
         return Ok(Some(Transition { key, value: Vec::new(), expected, node: node.into(), state: GONE, event }));
     }
-    let s = status::module(env, node, module)?;
+    let s = status::module_with(env, node, module, asked)?;
     let state = s.state.name();
     if was == Some(state) {
         return Ok(None);
