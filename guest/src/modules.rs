@@ -230,3 +230,30 @@ fn unless_refused<T>(r: Result<T, HostError>) -> Result<Option<T>, HostError> {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn identifier() -> impl Strategy<Value = String> {
+        "[a-b0][a-b0_-]{0,3}"
+    }
+
+    #[test]
+    fn a_page_sorts_by_the_joined_name_not_by_node_then_module() {
+        // '-' sorts before '.': `a-b.x` comes before `a.y`, though node `a` is before `a-b`.
+        let mut pairs = vec![("a".to_string(), "y".to_string()), ("a-b".to_string(), "x".to_string())];
+        pairs.sort_by(cmp_pairs);
+        assert_eq!(pairs[0].0, "a-b");
+        assert!(cmp_at(&pairs[1], "a-b.x").is_gt());
+    }
+
+    proptest! {
+        #[test]
+        fn comparing_without_joining_orders_as_the_joined_names(a in (identifier(), identifier()), b in (identifier(), identifier()), at in "[a-b0._-]{0,8}") {
+            prop_assert_eq!(cmp_pairs(&a, &b), join(&a).cmp(&join(&b)));
+            prop_assert_eq!(cmp_at(&a, &at), join(&a).as_str().cmp(at.as_str()));
+        }
+    }
+}
