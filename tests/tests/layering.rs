@@ -1,6 +1,8 @@
 //! ARCHITECTURE.md's layering invariant: in the host and in the guest, each file uses only what
 //! is below it — no two modules reach each other, directly or around a circle. Read from the
-//! sources: every `crate::<module>` a file names (in code, not in comments).
+//! sources: every `crate::<module>` a file names (in code, not in comments). And the structure's
+//! other invariants read from the sources: the host knows no key shape, runs on one thread,
+//! branches on no error's text, and speaks the `wit/` folder's version as the guest does.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -171,4 +173,15 @@ fn every_architecture_invariant_names_a_test_that_exists() {
             assert!(test_exists(t), "ARCHITECTURE.md names {t}, which is no test:\n{inv}");
         }
     }
+}
+
+/// The version each side says it speaks is the `wit/` folder's: a host refuses a component whose
+/// build info names another (`reload.rs`), so a constant left behind at a WIT bump would refuse
+/// every upgrade.
+#[test]
+fn host_and_guest_speak_the_version_of_the_wit_folder() {
+    let wit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/provisioner.wit")).expect("the WIT file");
+    let package = wit.lines().find_map(|l| l.trim().strip_prefix("package ")).and_then(|p| p.strip_suffix(';')).expect("a package line");
+    assert_eq!(mesh_provisioner::WIT_VERSION, package, "the host's WIT_VERSION");
+    assert_eq!(guest::WIT_VERSION, package, "the guest's WIT_VERSION");
 }
