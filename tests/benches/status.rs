@@ -75,18 +75,16 @@ fn main() {
         let b = mesh(planned);
         let backend: Arc<dyn Backend> = b.clone();
         let native = Native(b.clone());
-        let wasm = |what: &str, limit: usize| {
-            best(|| {
-                pages(what, limit, |q| {
-                    let r = rt.block_on(guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", q, 1 << 20)).expect("call");
-                    assert_eq!(r.code, ReplyCode::Ok, "{}", String::from_utf8_lossy(&r.body));
-                    r.body.to_vec()
-                })
-            })
+        // One page from component `g`, which must answer it.
+        let ask = |g: &mesh_provisioner::runtime::Guest, q: &[u8]| {
+            let r = rt.block_on(g.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", q, 1 << 20)).expect("call");
+            assert_eq!(r.code, ReplyCode::Ok, "{}", String::from_utf8_lossy(&r.body));
+            r.body.to_vec()
         };
+        let wasm = |what: &str, limit: usize| best(|| pages(what, limit, |q| ask(&guest, q)));
         if let Some(other) = &against {
             let per_module = |g: &mesh_provisioner::runtime::Guest| {
-                let (d, n) = pages("status", PAGE, |q| rt.block_on(g.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", q, 1 << 20)).expect("call").body.to_vec());
+                let (d, n) = pages("status", PAGE, |q| ask(g, q));
                 d.as_secs_f64() * 1e6 / n as f64
             };
             let (mut this, mut that) = (f64::MAX, f64::MAX);
