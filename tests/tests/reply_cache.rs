@@ -338,19 +338,21 @@ async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() 
     let gated = Arc::new(Gated { inner: b.clone(), entered: Default::default(), open: tokio::sync::watch::channel(false).0 });
     let backend = gated.clone() as Arc<dyn Backend>;
     // Sixteen at once while the first is held at its first read: the guest is called once, the
-    // others wait for its answer (none reads, none is answered from a reply kept before).
+    // others wait for its answer (none reads, none is answered from a reply kept before). The
+    // deadline is long so that no waiter gives up however slowly a loaded machine starts them.
+    let limits = Limits { deadline: std::time::Duration::from_secs(60), ..Limits::default() };
     let asks: Vec<_> = (0..16)
         .map(|_| {
             let (guest, backend) = (guest.clone(), backend.clone());
-            tokio::spawn(async move { guest.handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await })
+            tokio::spawn(async move { guest.handle(backend, limits, "mesh-provisioner.provisioning", body, 1 << 20).await })
         })
         .collect();
     let start = std::time::Instant::now();
-    while gated.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(10), "no call reached the backend");
+    while gated.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 || guest.requests_waiting() < 15 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "after 30 s {} calls reached the backend and {} asks wait", gated.entered.load(std::sync::atomic::Ordering::SeqCst), guest.requests_waiting());
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(guest.requests_waiting(), 15);
     assert_eq!(gated.entered.load(std::sync::atomic::Ordering::SeqCst), 1, "a second call read while the first was being answered");
     gated.open.send_replace(true);
     let mut replies = Vec::new();

@@ -173,6 +173,8 @@ pub struct ReplyCache {
     /// waits for that answer instead of calling the guest too (a stampede when a kept reply
     /// expires under load: 32 requesters each computed the same 20 ms `holders` page).
     flights: Mutex<HashMap<u64, tokio::sync::watch::Receiver<()>>>,
+    /// Requests waiting now for another call's answer.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// The one call answering a request while others wait; they are released when it is dropped,
@@ -211,8 +213,15 @@ impl ReplyCache {
             }
         };
         // Ends when the leader's flight is dropped (the sender with it).
+        self.waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = tokio::time::timeout(limit, async { while waiting.changed().await.is_ok() {} }).await;
+        self.waiting.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         Err(())
+    }
+
+    /// How many requests wait now for the answer another call is computing.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies

@@ -523,21 +523,23 @@ impl Guest {
         }
         // The same request already being answered: wait for that answer (a hash collision or a
         // reply that could not be kept just means calling the guest after the wait).
-        let flight = match self.replies.fly(verb, body, max_reply, limits.deadline).await {
-            Ok(leading) => Some(leading),
-            Err(()) => {
-                if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
-                    crate::metrics::metrics().reply_cache(true);
-                    return Ok(reply);
-                }
-                None
-            }
-        };
+        let flight = self.replies.fly(verb, body, max_reply, limits.deadline).await.ok();
+        // Looked again whether leading or after waiting: a call that finished between the first
+        // look and the flight kept its reply before it landed (one lookup saves a guest call).
+        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
+            crate::metrics::metrics().reply_cache(true);
+            return Ok(reply);
+        }
         crate::metrics::metrics().reply_cache(false);
         let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
         self.replies.put(&backend, verb, body, max_reply, &reply, reads);
         drop(flight);
         Ok(reply)
+    }
+
+    /// How many requests wait now for the answer to the same request another call is computing.
+    pub fn requests_waiting(&self) -> usize {
+        self.replies.waiting()
     }
 
     /// One call of the guest's `handle`, and what it read (see [`cache`]).
