@@ -125,6 +125,10 @@ type Healths = std::collections::BTreeMap<String, Result<Health, HostError>>;
 pub(crate) struct Asked {
     healths: Healths,
     providers: Providers,
+    /// For a page: the applied and assignments keys deeper than each listed module's own key
+    /// (`<node>.<module>.…`), out of shape, as the page's one scan of them found them — so no
+    /// module scans both buckets again. `None` outside a page: each module scans its own.
+    deep: Option<std::collections::HashMap<String, Vec<OutOfShape>>>,
 }
 
 /// The status of `module` on `node`, checked now.
@@ -157,10 +161,15 @@ pub(crate) fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut A
             Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),
         }
     }
-    for bucket in [APPLIED, ASSIGNMENTS] {
-        for e in scan_all(env, bucket, &format!("{pair}.>"))? {
-            let reason = why_not_a_module(bucket, &e.key);
-            out_of_shape.push(OutOfShape { bucket, key: e.key, revision: e.revision, reason });
+    match asked.deep.as_mut() {
+        Some(deep) => out_of_shape.extend(deep.remove(&pair).unwrap_or_default()),
+        None => {
+            for bucket in [APPLIED, ASSIGNMENTS] {
+                for e in scan_all(env, bucket, &format!("{pair}.>"))? {
+                    let reason = why_not_a_module(bucket, &e.key);
+                    out_of_shape.push(OutOfShape { bucket, key: e.key, revision: e.revision, reason });
+                }
+            }
         }
     }
     let planned = plan.entries.first().and_then(|e| e.plan.as_ref());
@@ -396,7 +405,22 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     // sorts after it, or at the end of the last page.
     let end = page.upto.clone();
     let listed: std::collections::HashSet<String> = page.pairs.iter().map(join).collect();
-    let mut orphans = orphans(env, node, module, after, end.as_deref())?.into_iter().filter(|(p, _)| !listed.contains(p)).peekable();
+    // The keys at a listed module's position that are deeper than its own key are said by its
+    // status (in the order its own scans would give: applied first, each in key order).
+    let mut deep: std::collections::HashMap<String, Vec<OutOfShape>> = std::collections::HashMap::new();
+    let mut unlisted = Vec::new();
+    for (p, o) in orphans(env, node, module, after, end.as_deref())? {
+        match listed.contains(&p) {
+            true if o.key.len() > p.len() => deep.entry(p).or_default().push(o),
+            true => {}
+            false => unlisted.push((p, o)),
+        }
+    }
+    for keys in deep.values_mut() {
+        keys.sort_by(|a, b| (a.bucket != APPLIED, &a.key).cmp(&(b.bucket != APPLIED, &b.key)));
+    }
+    asked.deep = Some(deep);
+    let mut orphans = unlisted.into_iter().peekable();
     for (n, m) in &page.pairs {
         let s = module_with(env, n, m, &mut asked)?;
         let entry = raw(&Line::of(&s));

@@ -1,7 +1,9 @@
 //! The verb's cost in the component against the same logic called natively, and what instance
 //! reuse and the pooling allocator change. A benchmark, not a test: it prints figures.
 //!
-//! `cargo bench -p tests --bench component` (after `cargo build -p guest --target wasm32-wasip2 --release`)
+//! `cargo bench -p tests --bench component` (after `cargo build -p guest --target wasm32-wasip2 --release`);
+//! `BENCH_ONLY=<words>` runs only the variants whose name holds them (for `perf record`), and
+//! `BENCH_CALLS=<n>` sets the calls a variant (3000).
 
 use std::time::{Duration, Instant};
 
@@ -26,20 +28,21 @@ fn main() {
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     let bytes = std::fs::read(tests::component_path()).expect("component");
-    const N: usize = 3000;
+    let n: usize = std::env::var("BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(3000);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
 
     let native = Native(backend.clone());
     let reply = guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20);
     assert_eq!(reply.code, guest::verb::Code::Ok);
-    let mut native_times = Vec::with_capacity(N);
-    for _ in 0..N {
+    let mut native_times = Vec::with_capacity(n);
+    for _ in 0..n {
         let t = Instant::now();
         let r = guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20);
         native_times.push(t.elapsed());
         std::hint::black_box(r);
     }
     let native_p50 = median(native_times);
-    println!("needs bucket: 10 000 keys; query returns 10 entries; {N} calls each");
+    println!("needs bucket: 10 000 keys; query returns 10 entries; {n} calls each");
     println!("{:<44} {:>10.1} µs   1.00×", "native logic (baseline)", native_p50.as_secs_f64() * 1e6);
 
     for (name, options) in [
@@ -49,11 +52,14 @@ fn main() {
         ("wasm, reused, reply cache (a repeated request)", Options { pooling: false, reuse: 64, reply_cache: true, ..Default::default() }),
         ("wasm, reused, pooling allocator", Options { pooling: true, reuse: 64, reply_cache: false, ..Default::default() }),
     ] {
+        if !name.contains(only.as_str()) {
+            continue;
+        }
         let runtime = Runtime::with_options(options).expect("runtime");
         let guest = runtime.load(&bytes, None).expect("compile");
         let times = rt.block_on(async {
-            let mut times = Vec::with_capacity(N);
-            for _ in 0..N {
+            let mut times = Vec::with_capacity(n);
+            for _ in 0..n {
                 let t = Instant::now();
                 let r = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", QUERY, 1 << 20).await.expect("call");
                 times.push(t.elapsed());
@@ -63,8 +69,8 @@ fn main() {
         });
         let p50 = median(times);
         let floor = rt.block_on(async {
-            let mut times = Vec::with_capacity(N);
-            for _ in 0..N {
+            let mut times = Vec::with_capacity(n);
+            for _ in 0..n {
                 let t = Instant::now();
                 guest.info(backend.clone(), Limits::default()).await.expect("info");
                 times.push(t.elapsed());

@@ -280,6 +280,44 @@ fn names_the_out_of_shape_keys_of_each_module() {
 }
 
 #[test]
+fn a_page_says_each_modules_deeper_keys_as_its_own_status_does() {
+    // A page reads the deeper applied and assignments keys once for all its modules; a module
+    // asked alone scans its own. Both say the same keys, in the same order.
+    let b = mesh();
+    b.put(APPLIED, "alpha.app.zz", b"{}");
+    b.put(APPLIED, "alpha.app.extra", b"{}");
+    b.put(ASSIGNMENTS, "alpha.app.more", b"{}");
+    b.put(ASSIGNMENTS, "alpha.web.x.y", b"{}");
+    b.put(APPLIED, "beta.cache.v2", b"{}");
+    b.put(APPLIED, "alpha.ghost.extra", b"{}");
+    let key = |o: &Value| format!("{} {}", o["bucket"].as_str().unwrap(), o["key"].as_str().unwrap());
+    for q in [json!({"what":"status"}), json!({"what":"status","node":"alpha"}), json!({"what":"status","module":"app"})] {
+        for limit in [1, 2, 1000] {
+            let (mut said, mut own) = (Vec::new(), Vec::new());
+            let mut q = q.clone();
+            q["limit"] = json!(limit);
+            loop {
+                let v = page(&b, q.clone(), 1 << 20);
+                for e in v["entries"].as_array().unwrap() {
+                    let alone = of(&b, e["node"].as_str().unwrap(), e["module"].as_str().unwrap());
+                    own.extend(alone.out_of_shape.iter().map(|o| format!("{} {}", o.bucket, o.key)));
+                }
+                said.extend(v["out_of_shape"].as_array().unwrap().iter().map(key).filter(|k| !k.ends_with("alpha.ghost.extra")));
+                match v.get("next") {
+                    Some(n) => q["after"] = n.clone(),
+                    None => break,
+                }
+            }
+            assert_eq!(said, own, "{q}");
+            if q.get("module").is_none() {
+                assert!(said.contains(&format!("{ASSIGNMENTS} alpha.web.x.y")), "{q}: {said:?}");
+            }
+            assert!(said.iter().position(|k| k.ends_with("alpha.app.zz")) < said.iter().position(|k| k.ends_with("alpha.app.more")), "{said:?}");
+        }
+    }
+}
+
+#[test]
 fn a_value_newer_than_the_one_applied_is_stale_and_degrades() {
     let b = mesh();
     let now = b.bucket(CONFIG).get("alpha.app.db_url").unwrap().unwrap().revision;
