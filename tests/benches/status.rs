@@ -5,8 +5,8 @@
 //! from a published composition. A benchmark, not a test: it prints figures.
 //!
 //! `cargo bench -p tests --bench status` (after `cargo build -p guest --target wasm32-wasip2 --release`);
-//! with `BENCH_AGAINST=<another component>`, also the two components' status compared round by
-//! round (interleaved, so a noisy machine slows both alike).
+//! with `BENCH_AGAINST=<another component>`, also the two components' status compared page by
+//! page (in turn, so a noisy machine slows both alike): the median of the pages' ratios.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,16 +83,39 @@ fn main() {
         };
         let wasm = |what: &str, limit: usize| best(|| pages(what, limit, |q| ask(&guest, q)));
         if let Some(other) = &against {
-            let per_module = |g: &mesh_provisioner::runtime::Guest| {
-                let (d, n) = pages("status", PAGE, |q| ask(g, q));
-                d.as_secs_f64() * 1e6 / n as f64
+            // Page by page, the two in turn (who goes first alternating): a ratio a page, so a
+            // slow second of a noisy machine weighs on both sides of one ratio, not on one side.
+            let mut requests = Vec::new();
+            pages("status", PAGE, |q| {
+                requests.push(q.to_vec());
+                ask(&guest, q)
+            });
+            let time = |g: &mesh_provisioner::runtime::Guest, q: &[u8]| {
+                let start = Instant::now();
+                std::hint::black_box(ask(g, q));
+                start.elapsed().as_secs_f64()
             };
-            let (mut this, mut that) = (f64::MAX, f64::MAX);
-            for _ in 0..ROUNDS * 2 {
-                this = this.min(per_module(&guest));
-                that = that.min(per_module(other));
+            let mut ratios = Vec::new();
+            let (mut this, mut that) = (0.0, 0.0);
+            for round in 0..ROUNDS * 4 {
+                for q in &requests {
+                    let (a, b) = if round % 2 == 0 { let a = time(&guest, q); (a, time(other, q)) } else { let b = time(other, q); (time(&guest, q), b) };
+                    ratios.push(a / b);
+                    (this, that) = (this + a, that + b);
+                }
             }
-            println!("  {label}: this component's status {this:.1} µs a module, the one compared {that:.1} µs: {:.2}×", this / that);
+            ratios.sort_by(f64::total_cmp);
+            let at = |p: usize| ratios[(ratios.len() - 1) * p / 100];
+            let n = (ROUNDS * 4 * MODULES) as f64;
+            println!(
+                "  {label}: this component's status {:.1} µs a module, the one compared {:.1} µs; page by page, median {:.3}× (quartiles {:.3}–{:.3}, {} pages)",
+                this * 1e6 / n,
+                that * 1e6 / n,
+                at(50),
+                at(25),
+                at(75),
+                ratios.len()
+            );
         }
         let natively = |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
         // The floor: the same modules' needs, read through the verb in pages of as many keys.
