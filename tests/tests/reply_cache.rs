@@ -326,7 +326,10 @@ impl Backend for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() {
-    let guest = tests::guest();
+    // A guest of its own: the binary's shared one has one reply cache for every test, and
+    // another test's same request would join this one's flight (or count among its waiters).
+    let runtime = mesh_provisioner::runtime::Runtime::new().expect("runtime");
+    let guest = runtime.load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
     let b = MemoryBackend::new();
     b.put("mesh-provisioner_needs", "alpha.app.config.k", br#"{"placeholder":"${config:name}","part":"api"}"#);
     let body = br#"{"what":"needs","node":"alpha"}"#;

@@ -185,6 +185,22 @@ pub struct Flight<'a> {
     _done: tokio::sync::watch::Sender<()>,
 }
 
+/// One request counted among those waiting, until it is dropped.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
         self.cache.flights.locked().remove(&self.hash);
@@ -212,10 +228,10 @@ impl ReplyCache {
                 }
             }
         };
-        // Ends when the leader's flight is dropped (the sender with it).
-        self.waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Ends when the leader's flight is dropped (the sender with it). Counted while it waits,
+        // however the wait ends (a request dropped meanwhile too).
+        let _counted = Waiting::new(&self.waiting);
         let _ = tokio::time::timeout(limit, async { while waiting.changed().await.is_ok() {} }).await;
-        self.waiting.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         Err(())
     }
 
@@ -225,8 +241,14 @@ impl ReplyCache {
     }
 
     /// The kept reply to this request, if every mirror it read is unchanged. A hit copies
-    /// nothing: the reply's bytes are shared.
-    pub fn get(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32) -> Option<Reply> {
+    /// nothing: the reply's bytes are shared. Why a kept reply is not served is counted only
+    /// when `count` (a request's first look, so one request is one count however often it looks).
+    pub fn get(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, count: bool) -> Option<Reply> {
+        let stale = |why: &str| {
+            if count {
+                crate::metrics::metrics().reply_cache_stale(why);
+            }
+        };
         let mut kept = self.kept.locked();
         if kept.entries == 0 {
             return None;
@@ -235,7 +257,7 @@ impl ReplyCache {
         let k = kept.by_hash.get_mut(&hash)?.iter_mut().find(|k| k.max_reply == max_reply && &*k.verb == verb && &*k.body == body)?;
         // A live `Weak` at the same address is the same backend (a dropped one's never upgrades).
         if !k.backend.upgrade().is_some_and(|b| Arc::ptr_eq(&b, backend)) {
-            crate::metrics::metrics().reply_cache_stale("backend");
+            stale("backend");
             return None;
         }
         let carried = k.reply.revision.is_some();
@@ -246,7 +268,7 @@ impl ReplyCache {
                 Now::Moved { version, revision } => moved.push((i, version, revision)),
                 Now::Stale => {
                     // Which read goes stale is what decides how long replies stay: counted.
-                    crate::metrics::metrics().reply_cache_stale(r.what());
+                    stale(r.what());
                     return None;
                 }
             }
@@ -254,7 +276,7 @@ impl ReplyCache {
         if !moved.is_empty() {
             // Kept again as a fresh call would answer now, so the next hit copies nothing.
             let Some(reply) = k.carried(&moved) else {
-                crate::metrics::metrics().reply_cache_stale("(not carried: its revision would not fit)");
+                stale("(not carried: its revision would not fit)");
                 return None;
             };
             for &(i, now, _) in &moved {

@@ -517,7 +517,7 @@ impl Guest {
         if !self.runtime.options.reply_cache {
             return Ok(self.handle_uncached(backend, limits, verb, body, max_reply).await?.0);
         }
-        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
+        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply, true) {
             crate::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
@@ -526,7 +526,7 @@ impl Guest {
         let flight = self.replies.fly(verb, body, max_reply, limits.deadline).await.ok();
         // Looked again whether leading or after waiting: a call that finished between the first
         // look and the flight kept its reply before it landed (one lookup saves a guest call).
-        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply) {
+        if let Some(reply) = self.replies.get(&backend, verb, body, max_reply, false) {
             crate::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
