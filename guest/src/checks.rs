@@ -284,17 +284,19 @@ pub(crate) fn check(
                 },
                 Ok(true) => match env.get(&bucket, &place) {
                     Ok(Some(e)) => {
-                        let value = format!("{}:{}", need.kind, need.name);
+                        let value = [need.kind.as_str(), ":", &need.name].concat();
                         match applied.and_then(|a| a.get(&value)).copied() {
                             Some(a) if a < e.revision => (
                                 Check::Stale { applied: a, revision: e.revision },
                                 format!("{value} was applied at revision {a}; revision {} is at {bucket} {place} now", e.revision),
                             ),
                             Some(a) => (Check::Present { revision: e.revision, applied: Some(a) }, format!("revision {} is at {bucket} {place}, as applied", e.revision)),
-                            None => (Check::Present { revision: e.revision, applied: None }, format!("a value is at {bucket} {place}")),
+                            None => (Check::Present { revision: e.revision, applied: None }, ["a value is at ", &bucket, " ", &place].concat()),
                         }
                     }
-                    Ok(None) => (Check::Missing, format!("no value at {bucket} {place}")),
+                    // Every need's check says its reason: joined by hand, as `format!` costs a
+                    // component several times a few appends.
+                    Ok(None) => (Check::Missing, ["no value at ", &bucket, " ", &place].concat()),
                     Err(e) => (Check::Unknown, format!("{bucket} could not be read now: {e}")),
                 },
             };
@@ -427,33 +429,63 @@ pub struct Generation {
     pub reason: String,
 }
 
-/// Compares what the holder applied (its applied record, if any) with what a check found at
-/// the need's place now. `value` is `<kind>:<name>`.
-pub(crate) fn generation(check: &Check, record: Option<&Applied>, value: &str) -> Generation {
+/// Why a holder's currency is what it is: [`Generation::reason`] before it is written.
+enum Why {
+    NeverApplied,
+    NoValues,
+    NotNamed,
+    Verb,
+    Unreadable,
+    Gone(u64),
+    Runs(u64),
+    Behind { applied: u64, now: u64 },
+    Ahead { applied: u64, now: u64 },
+}
+
+/// The comparison [`generation`] words and [`currency`] does not: a state needs only the
+/// currency, and writing every need's reason for nothing was a tenth of a module's status.
+fn judge(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> (Currency, Option<u64>, Option<u64>, Why) {
     let now = match check {
         Check::Present { revision, .. } | Check::Stale { revision, .. } => Some(*revision),
         Check::Collected { items, revision } if *items > 0 => Some(*revision),
         _ => None,
     };
-    let g = |currency, applied, reason: String| Generation { currency, applied, now, reason };
     let Some(record) = record else {
-        return g(Currency::NeverApplied, None, format!("no applied record: {value} was never applied here"));
+        return (Currency::NeverApplied, None, now, Why::NeverApplied);
     };
-    let applied = record.values.as_ref().and_then(|v| v.get(value)).copied();
-    let not_named = || match &record.values {
-        None => "the applied record has no `values`: which revision was applied cannot be said".to_string(),
-        Some(_) => format!("the applied record's `values` names no revision of {value}"),
-    };
+    let applied = record.values.as_ref().and_then(|v| v.get(&[kind, ":", name].concat())).copied();
+    let not_named = if record.values.is_none() { Why::NoValues } else { Why::NotNamed };
     match (check, now, applied) {
-        (Check::Answered { .. }, ..) => g(Currency::Unknown, None, "a verb answers it: there is no revision to compare".into()),
-        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
-            g(Currency::Unknown, applied, format!("its place cannot be read now ({})", check.name()))
-        }
-        (_, Some(_), None) | (_, None, None) => g(Currency::Unknown, None, not_named()),
-        (_, None, Some(a)) => g(Currency::Stale, Some(a), format!("revision {a} was applied; no value is at its place now")),
-        (_, Some(r), Some(a)) if a == r => g(Currency::Current, Some(a), format!("runs revision {r}, the one at its place")),
-        (_, Some(r), Some(a)) if a < r => g(Currency::Stale, Some(a), format!("runs revision {a}; revision {r} is at its place now")),
-        (_, Some(r), Some(a)) => g(Currency::Unknown, Some(a), format!("the applied record names revision {a}, newer than revision {r} at its place")),
+        (Check::Answered { .. }, ..) => (Currency::Unknown, None, now, Why::Verb),
+        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => (Currency::Unknown, applied, now, Why::Unreadable),
+        (_, Some(_), None) | (_, None, None) => (Currency::Unknown, None, now, not_named),
+        (_, None, Some(a)) => (Currency::Stale, Some(a), now, Why::Gone(a)),
+        (_, Some(r), Some(a)) if a == r => (Currency::Current, Some(a), now, Why::Runs(r)),
+        (_, Some(r), Some(a)) if a < r => (Currency::Stale, Some(a), now, Why::Behind { applied: a, now: r }),
+        (_, Some(r), Some(a)) => (Currency::Unknown, Some(a), now, Why::Ahead { applied: a, now: r }),
     }
+}
+
+/// Compares what the holder applied (its applied record, if any) with what a check found at
+/// the need's place now, for the need `<kind>:<name>`.
+pub(crate) fn generation(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> Generation {
+    let (currency, applied, now, why) = judge(check, record, kind, name);
+    let reason = match why {
+        Why::NeverApplied => format!("no applied record: {kind}:{name} was never applied here"),
+        Why::NoValues => "the applied record has no `values`: which revision was applied cannot be said".to_string(),
+        Why::NotNamed => format!("the applied record's `values` names no revision of {kind}:{name}"),
+        Why::Verb => "a verb answers it: there is no revision to compare".into(),
+        Why::Unreadable => format!("its place cannot be read now ({})", check.name()),
+        Why::Gone(a) => format!("revision {a} was applied; no value is at its place now"),
+        Why::Runs(r) => format!("runs revision {r}, the one at its place"),
+        Why::Behind { applied, now } => format!("runs revision {applied}; revision {now} is at its place now"),
+        Why::Ahead { applied, now } => format!("the applied record names revision {applied}, newer than revision {now} at its place"),
+    };
+    Generation { currency, applied, now, reason }
+}
+
+/// [`generation`]'s currency alone.
+pub(crate) fn currency(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> Currency {
+    judge(check, record, kind, name).0
 }
 

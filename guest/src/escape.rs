@@ -68,6 +68,10 @@ pub fn decode(token: &str) -> Result<String, String> {
         return Err("empty token".into());
     }
     let bytes = token.as_bytes();
+    // Nearly every token escapes nothing: it is its own name (token bytes are ASCII).
+    if bytes.iter().all(|&b| is_token_byte(b)) {
+        return Ok(token.to_string());
+    }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {

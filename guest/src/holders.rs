@@ -70,7 +70,7 @@ fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recor
     if check == Check::NotInstalled {
         return Ok(None);
     }
-    let generation = generation(&check, record.as_ref(), &format!("{kind}:{name}"));
+    let generation = generation(&check, record.as_ref(), kind, name);
     Ok(Some(Holder { node: node.into(), module: module.into(), recorded, planned, place, generation }))
 }
 

@@ -76,6 +76,31 @@ enum Token {
     Name(&'static str),
 }
 
+/// The `.`-separated tokens of a key, found by bytes: a `char` pattern's searcher costs a
+/// component more than the short keys it splits (every key of every answer passes here).
+pub(crate) struct Dots<'k>(Option<&'k str>);
+
+pub(crate) fn dots(key: &str) -> Dots<'_> {
+    Dots(Some(key))
+}
+
+impl<'k> Iterator for Dots<'k> {
+    type Item = &'k str;
+    fn next(&mut self) -> Option<&'k str> {
+        let rest = self.0?;
+        match rest.bytes().position(|b| b == b'.') {
+            Some(i) => {
+                self.0 = Some(&rest[i + 1..]);
+                Some(&rest[..i])
+            }
+            None => {
+                self.0 = None;
+                Some(rest)
+            }
+        }
+    }
+}
+
 /// Splits `key` into the tokens of `shape`, checking each; `optional` trailing tokens may be absent.
 fn split(
     key: &str,
@@ -83,39 +108,47 @@ fn split(
     shape: &[Token],
     optional: usize,
 ) -> Result<Vec<String>, String> {
-    // Counted, not collected: every key of every answer passes here.
-    let count = key.split('.').count();
     let min = shape.len() - optional;
-    if count < min || count > shape.len() {
-        // Spelled out only when needed: parsing is on every answer's hot path.
-        let spelled: String = shape
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let name = match t {
-                    Token::Ident(n) | Token::Name(n) => *n,
-                };
-                if i >= min { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
-            })
-            .collect();
-        return Err(format!(
-            "{what} keys are {spelled}: {count} token{}",
-            if count == 1 { "" } else { "s" }
-        ));
-    }
-    key.split('.')
-        .zip(shape)
-        .enumerate()
-        .map(|(i, (token, t))| match t {
+    let mut out = Vec::with_capacity(shape.len());
+    let mut tokens = dots(key);
+    // The shape first: zipped the other way, a token past the shape would be taken and lost.
+    for (i, (t, token)) in shape.iter().zip(tokens.by_ref()).enumerate() {
+        let read = match t {
             Token::Ident(name) => match identifier_problem(token) {
                 None => Ok(token.to_string()),
                 Some(p) => Err(format!("token {} (<{name}>) {p}", i + 1)),
             },
-            Token::Name(name) => decode(token).map_err(|e| {
-                format!("token {} (<{name}>) {:?}: {e}", i + 1, shorten(token))
-            }),
+            Token::Name(name) => decode(token).map_err(|e| format!("token {} (<{name}>) {:?}: {e}", i + 1, shorten(token))),
+        };
+        // A token out of shape is said only when the count is right: the count comes first.
+        match read {
+            Ok(t) => out.push(t),
+            Err(e) => {
+                let count = i + 1 + tokens.count();
+                return Err(if (min..=shape.len()).contains(&count) { e } else { wrong_count(what, shape, min, count) });
+            }
+        }
+    }
+    let count = out.len() + tokens.count();
+    if count < min || count > shape.len() {
+        return Err(wrong_count(what, shape, min, count));
+    }
+    Ok(out)
+}
+
+/// The error of a key with `count` tokens where `shape` wants `min` to `shape.len()`.
+fn wrong_count(what: &str, shape: &[Token], min: usize, count: usize) -> String {
+    let spelled: String = shape
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let name = match t {
+                Token::Ident(n) | Token::Name(n) => *n,
+            };
+            if i >= min { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
         })
-        .collect()
+        .collect();
+    format!("{what} keys are {spelled}: {count} token{}", if count == 1 { "" } else { "s" })
 }
 
 /// A registry key is one kind.
@@ -206,6 +239,17 @@ mod tests {
         assert_eq!(composed_node("composed-alpha"), Some("alpha"));
         assert_eq!(composed_node("composed-"), None);
         assert_eq!(composed_node("mesh-config_values"), None);
+    }
+
+    #[test]
+    fn counts_every_token_even_an_empty_one() {
+        assert_eq!(dots("").collect::<Vec<_>>(), [""]);
+        assert_eq!(dots("a..b.").collect::<Vec<_>>(), ["a", "", "b", ""]);
+        assert!(parse_need("alpha.app.config.x.").unwrap_err().contains("5 tokens"));
+        assert!(parse_need("").unwrap_err().contains("1 token"));
+        // The count is said before a token's problem, past the shape as within it.
+        assert!(parse_applied("a=3D.b.c").unwrap_err().contains("3 tokens"));
+        assert!(parse_need("alpha.app.config").unwrap_err().contains("3 tokens"));
     }
 
     #[test]

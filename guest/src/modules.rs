@@ -22,9 +22,14 @@ pub(crate) struct Modules {
 
 /// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
 pub(crate) fn pair_of(key: &str) -> Option<Pair> {
-    let mut t = key.split('.');
+    pair_in(key).map(|(n, m)| (n.to_string(), m.to_string()))
+}
+
+/// [`pair_of`], borrowed from the key: a page's scan meets each module once a key.
+pub(crate) fn pair_in(key: &str) -> Option<(&str, &str)> {
+    let mut t = crate::keys::dots(key);
     let (n, m) = (t.next()?, t.next()?);
-    (is_identifier(n) && is_identifier(m)).then(|| (n.to_string(), m.to_string()))
+    (is_identifier(n) && is_identifier(m)).then_some((n, m))
 }
 
 pub(crate) fn join(p: &Pair) -> String {

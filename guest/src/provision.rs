@@ -247,7 +247,7 @@ fn subst<'v>(template: &str, value: impl Fn(&str) -> Option<Cow<'v, str>>, wild:
 /// Whether a shape has the `<slot>` (with its brackets): looked for at each `<` only, which
 /// costs a component a fraction of building a substring searcher for every need.
 fn has_slot(template: &str, slot: &str) -> bool {
-    template.match_indices('<').any(|(i, _)| template[i..].starts_with(slot))
+    template.bytes().enumerate().any(|(i, b)| b == b'<' && template.as_bytes()[i..].starts_with(slot.as_bytes()))
 }
 
 fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result<Resolved, String> {

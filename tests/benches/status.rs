@@ -6,7 +6,8 @@
 //!
 //! `cargo bench -p tests --bench status` (after `cargo build -p guest --target wasm32-wasip2 --release`);
 //! with `BENCH_AGAINST=<another component>`, also the two components' status compared page by
-//! page (in turn, so a noisy machine slows both alike): the median of the pages' ratios.
+//! page (in turn, so a noisy machine slows both alike): the median of the pages' ratios;
+//! `BENCH_SHAPE=needs` or `planned` times that mesh alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,7 +72,12 @@ fn main() {
     let runtime = Runtime::with_options(Options { reply_cache: false, ..Options::default() }).expect("runtime");
     let guest = runtime.load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
     let against = std::env::var_os("BENCH_AGAINST").map(|path| runtime.load(&std::fs::read(&path).expect("the component to compare"), None).expect("compile"));
+    // `BENCH_SHAPE=needs` or `planned`: that mesh alone (for `perf record`).
+    let shape = std::env::var("BENCH_SHAPE").ok();
     for (label, planned) in [("needs only (the bus bench's mesh)", false), ("assigned, applied and planned", true)] {
+        if shape.as_deref().is_some_and(|s| s != if planned { "planned" } else { "needs" }) {
+            continue;
+        }
         let b = mesh(planned);
         let backend: Arc<dyn Backend> = b.clone();
         let native = Native(b.clone());
