@@ -4,6 +4,8 @@
 //! free names are escaped byte by byte. Decoding is strict: a token is accepted only if it
 //! re-encodes to exactly itself, so every name has one and only one spelling in a key.
 
+use std::borrow::Cow;
+
 /// Longest identifier or free name accepted anywhere (NATS keys are short; this bounds work).
 pub const MAX_NAME_BYTES: usize = 256;
 
@@ -45,6 +47,15 @@ pub fn name_problem(s: &str) -> Option<String> {
     None
 }
 
+/// [`encode`], borrowing `name` when it escapes nothing (nearly every name).
+pub fn encoded(name: &str) -> Cow<'_, str> {
+    if name.bytes().all(is_token_byte) {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(encode(name))
+    }
+}
+
 /// Writes a free name as one key token: every byte outside the token alphabet, and `=` itself,
 /// becomes `=` and two upper-case hex digits.
 pub fn encode(name: &str) -> String {
@@ -64,13 +75,18 @@ pub fn encode(name: &str) -> String {
 
 /// Reads one escaped token back into its name, or says why it is out of shape.
 pub fn decode(token: &str) -> Result<String, String> {
+    decoded(token).map(Cow::into_owned)
+}
+
+/// [`decode`], borrowing the token when it escapes nothing: it is then its own name (token
+/// bytes are ASCII), as nearly every token is.
+pub fn decoded(token: &str) -> Result<Cow<'_, str>, String> {
     if token.is_empty() {
         return Err("empty token".into());
     }
     let bytes = token.as_bytes();
-    // Nearly every token escapes nothing: it is its own name (token bytes are ASCII).
     if bytes.iter().all(|&b| is_token_byte(b)) {
-        return Ok(token.to_string());
+        return Ok(Cow::Borrowed(token));
     }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -102,7 +118,7 @@ pub fn decode(token: &str) -> Result<String, String> {
             return Err(format!("byte {b:#04x} at {i} may not stand in a token"));
         }
     }
-    String::from_utf8(out).map_err(|_| format!("{:?} does not decode to UTF-8", shorten(token)))
+    String::from_utf8(out).map(Cow::Owned).map_err(|_| format!("{:?} does not decode to UTF-8", shorten(token)))
 }
 
 /// Upper-case hex only: `=3a` is out of shape, so that each name has a single spelling.

@@ -23,7 +23,7 @@ use crate::plan;
 use crate::provision::{self, Need};
 use crate::registry::{self, Answer};
 use crate::checks::{applied_record, check, generation, Check, Checked, Currency, Generation, Place, Providers};
-use crate::modules::{grouped, join, keyed_by_pair, pair_of, Grouping, Pair};
+use crate::modules::{grouped, join, keyed_by_pair, pair_cow, Grouping, Pair};
 use crate::value::{raw, sources, to_json};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -87,10 +87,9 @@ pub fn find(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: Op
     let limit = limit.clamp(1, MAX_MODULES);
     let suffix = format!("{kind}.{}", encode(name));
     let nodes = node.unwrap_or("*");
-    let module_of = |key: &str| pair_of(key);
     let has = |p: &Pair| Ok(env.get(NEEDS, &format!("{}.{suffix}", join(p)))?.is_some());
     let filter = format!("{nodes}.*.{suffix}");
-    let recorded = grouped(env, &Grouping { bucket: NEEDS, filter: &filter, module_of: &module_of, has: &has }, after, after, limit)?;
+    let recorded = grouped(env, &Grouping { bucket: NEEDS, filter: &filter, module_of: &pair_cow, has: &has }, after, after, limit)?;
     let assigned = keyed_by_pair(env, ASSIGNMENTS, &format!("{nodes}.*"), after, limit)?;
     let horizon = [&recorded.horizon, &assigned.horizon].into_iter().flatten().min().cloned();
     let in_recorded: std::collections::HashSet<&Pair> = recorded.found.iter().collect();
@@ -171,7 +170,7 @@ struct Line<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     module: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::sources"))]
-    source: Vec<&'static str>,
+    source: &'static [&'static str],
     #[serde(flatten)]
     place: &'a Place,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::currency"))]

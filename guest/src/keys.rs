@@ -3,7 +3,9 @@
 //!
 //! Parsing is total: any string gets an answer, and no key is ever dropped for being odd.
 
-use crate::escape::{decode, identifier_problem, shorten};
+use std::borrow::Cow;
+
+use crate::escape::{decoded, identifier_problem, shorten};
 
 pub const REGISTRY: &str = "mesh-provisioner_registry";
 pub const NEEDS: &str = "mesh-provisioner_needs";
@@ -101,35 +103,36 @@ impl<'k> Iterator for Dots<'k> {
     }
 }
 
-/// Splits `key` into the tokens of `shape`, checking each; `optional` trailing tokens may be absent.
-fn split(
-    key: &str,
-    what: &str,
-    shape: &[Token],
-    optional: usize,
-) -> Result<Vec<String>, String> {
+/// Splits `key` into the tokens of `shape` (at most four), checking each; `optional` trailing
+/// tokens may be absent (then empty: a token present is never empty). A token is borrowed
+/// from the key unless it had escapes to decode.
+fn split<'k>(key: &'k str, what: &str, shape: &[Token], optional: usize) -> Result<[Cow<'k, str>; 4], String> {
     let min = shape.len() - optional;
-    let mut out = Vec::with_capacity(shape.len());
+    let mut out: [Cow<'k, str>; 4] = Default::default();
+    let mut read = 0;
     let mut tokens = dots(key);
     // The shape first: zipped the other way, a token past the shape would be taken and lost.
     for (i, (t, token)) in shape.iter().zip(tokens.by_ref()).enumerate() {
-        let read = match t {
+        let checked = match t {
             Token::Ident(name) => match identifier_problem(token) {
-                None => Ok(token.to_string()),
+                None => Ok(Cow::Borrowed(token)),
                 Some(p) => Err(format!("token {} (<{name}>) {p}", i + 1)),
             },
-            Token::Name(name) => decode(token).map_err(|e| format!("token {} (<{name}>) {:?}: {e}", i + 1, shorten(token))),
+            Token::Name(name) => decoded(token).map_err(|e| format!("token {} (<{name}>) {:?}: {e}", i + 1, shorten(token))),
         };
-        // A token out of shape is said only when the count is right: the count comes first.
-        match read {
-            Ok(t) => out.push(t),
+        match checked {
+            Ok(t) => {
+                out[i] = t;
+                read = i + 1;
+            }
+            // A token out of shape is said only when the count is right: the count comes first.
             Err(e) => {
                 let count = i + 1 + tokens.count();
                 return Err(if (min..=shape.len()).contains(&count) { e } else { wrong_count(what, shape, min, count) });
             }
         }
     }
-    let count = out.len() + tokens.count();
+    let count = read + tokens.count();
     if count < min || count > shape.len() {
         return Err(wrong_count(what, shape, min, count));
     }
@@ -153,23 +156,35 @@ fn wrong_count(what: &str, shape: &[Token], min: usize, count: usize) -> String 
 
 /// A registry key is one kind.
 pub fn parse_registry(key: &str) -> Result<String, String> {
-    let mut t = split(key, "registry", &[Token::Ident("kind")], 0)?;
-    Ok(t.remove(0))
+    let [kind, ..] = split(key, "registry", &[Token::Ident("kind")], 0)?;
+    Ok(kind.into_owned())
+}
+
+/// A key of `mesh-provisioner_needs`, borrowed from it (the name too, unless it was escaped):
+/// a status reads every key of a module's needs and keeps only their kinds and names.
+pub struct NeedRef<'k> {
+    pub node: Cow<'k, str>,
+    pub module: Cow<'k, str>,
+    pub kind: Cow<'k, str>,
+    pub name: Cow<'k, str>,
+}
+
+pub fn parse_need_ref(key: &str) -> Result<NeedRef<'_>, String> {
+    let shape = [Token::Ident("node"), Token::Ident("module"), Token::Ident("kind"), Token::Name("name")];
+    let [node, module, kind, name] = split(key, "needs", &shape, 0)?;
+    Ok(NeedRef { node, module, kind, name })
 }
 
 pub fn parse_need(key: &str) -> Result<NeedKey, String> {
-    let shape = [Token::Ident("node"), Token::Ident("module"), Token::Ident("kind"), Token::Name("name")];
-    let mut t = split(key, "needs", &shape, 0)?.into_iter();
-    let mut next = || t.next().unwrap_or_default();
-    Ok(NeedKey { node: next(), module: next(), kind: next(), name: next() })
+    let NeedRef { node, module, kind, name } = parse_need_ref(key)?;
+    Ok(NeedKey { node: node.into_owned(), module: module.into_owned(), kind: kind.into_owned(), name: name.into_owned() })
 }
 
 /// `<node>.<module>`, as the bucket `what` keys it.
 fn node_module(key: &str, what: &str) -> Result<AppliedKey, String> {
     let shape = [Token::Ident("node"), Token::Ident("module")];
-    let mut t = split(key, what, &shape, 0)?.into_iter();
-    let mut next = || t.next().unwrap_or_default();
-    Ok(AppliedKey { node: next(), module: next() })
+    let [node, module, ..] = split(key, what, &shape, 0)?;
+    Ok(AppliedKey { node: node.into_owned(), module: module.into_owned() })
 }
 
 pub fn parse_applied(key: &str) -> Result<AppliedKey, String> {
@@ -183,22 +198,20 @@ pub fn parse_assignment(key: &str) -> Result<AppliedKey, String> {
 
 pub fn parse_composed(key: &str) -> Result<ComposedKey, String> {
     let shape = [Token::Ident("module"), Token::Ident("build")];
-    let mut t = split(key, "composed", &shape, 0)?.into_iter();
-    let mut next = || t.next().unwrap_or_default();
-    Ok(ComposedKey { module: next(), build: next() })
+    let [module, build, ..] = split(key, "composed", &shape, 0)?;
+    Ok(ComposedKey { module: module.into_owned(), build: build.into_owned() })
 }
 
 /// A builds key is one module.
 pub fn parse_builds(key: &str) -> Result<String, String> {
-    let mut t = split(key, "builds", &[Token::Ident("module")], 0)?;
-    Ok(t.remove(0))
+    let [module, ..] = split(key, "builds", &[Token::Ident("module")], 0)?;
+    Ok(module.into_owned())
 }
 
 pub fn parse_collect(key: &str) -> Result<CollectKey, String> {
     let shape = [Token::Ident("node"), Token::Name("collection"), Token::Ident("contributor")];
-    let mut t = split(key, "collect", &shape, 0)?.into_iter();
-    let mut next = || t.next().unwrap_or_default();
-    Ok(CollectKey { node: next(), collection: next(), contributor: next() })
+    let [node, collection, contributor, _] = split(key, "collect", &shape, 0)?;
+    Ok(CollectKey { node: node.into_owned(), collection: collection.into_owned(), contributor: contributor.into_owned() })
 }
 
 pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
@@ -208,13 +221,13 @@ pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
         Token::Ident("provision"),
         Token::Ident("local"),
     ];
-    let mut t = split(key, "bound", &shape, 1)?.into_iter();
-    let mut next = || t.next();
+    let [node, module, provision, local] = split(key, "bound", &shape, 1)?;
     Ok(BoundKey {
-        node: next().unwrap_or_default(),
-        module: next().unwrap_or_default(),
-        provision: next().unwrap_or_default(),
-        local: next(),
+        node: node.into_owned(),
+        module: module.into_owned(),
+        provision: provision.into_owned(),
+        // Absent: empty (a token present is never empty).
+        local: (!local.is_empty()).then(|| local.into_owned()),
     })
 }
 

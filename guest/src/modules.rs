@@ -2,6 +2,8 @@
 //! records, needs, a node engine's compositions) read in the page's order, `<node>.<module>`.
 //! Below `status`, `holders` and `transitions`; it checks nothing.
 
+use std::borrow::Cow;
+
 use crate::env::{Env, HostError};
 use crate::escape::is_identifier;
 use crate::keys::{composed, parse_assignment, parse_composed, APPLIED, ASSIGNMENTS, NEEDS};
@@ -23,6 +25,11 @@ pub(crate) struct Modules {
 /// The identifiers `(node, module)` a key's first two tokens name, if they are identifiers.
 pub(crate) fn pair_of(key: &str) -> Option<Pair> {
     pair_in(key).map(|(n, m)| (n.to_string(), m.to_string()))
+}
+
+/// [`pair_of`] as a [`Grouping`] reads it.
+pub(crate) fn pair_cow(key: &str) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
+    pair_in(key).map(|(n, m)| (Cow::Borrowed(n), Cow::Borrowed(m)))
 }
 
 /// [`pair_of`], borrowed from the key: a page's scan meets each module once a key.
@@ -81,8 +88,14 @@ fn any(env: &dyn Env, bucket: &str, filter: &str) -> Result<bool, HostError> {
 pub(crate) struct Grouping<'a> {
     pub bucket: &'a str,
     pub filter: &'a str,
-    pub module_of: &'a dyn Fn(&str) -> Option<Pair>,
+    /// Borrowed from the key where it can be: a page reads each module's key many times over.
+    pub module_of: &'a dyn for<'k> Fn(&'k str) -> Option<(Cow<'k, str>, Cow<'k, str>)>,
     pub has: &'a dyn Fn(&Pair) -> Result<bool, HostError>,
+}
+
+/// `f` as a [`Grouping`]'s `module_of` (a closure's lifetimes are inferred from its use).
+fn module_of<F: for<'k> Fn(&'k str) -> Option<(Cow<'k, str>, Cow<'k, str>)>>(f: F) -> F {
+    f
 }
 
 /// Modules from a bucket whose keys start with a module's `<prefix>` tokens (needs:
@@ -101,10 +114,14 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
         let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
         read += page.entries.len();
         for e in &page.entries {
-            if let Some(p) = module_of(&e.key).filter(beyond) {
-                if found.last() != Some(&p) && seen.insert(p.clone()) {
-                    found.push(p);
-                }
+            let Some((n, m)) = module_of(&e.key) else { continue };
+            // The last module found again (its next key): nothing to build.
+            if found.last().is_some_and(|(ln, lm)| *ln == *n && *lm == *m) {
+                continue;
+            }
+            let p = (n.into_owned(), m.into_owned());
+            if beyond(&p) && seen.insert(p.clone()) {
+                found.push(p);
             }
         }
         match (page.more, page.entries.last()) {
@@ -171,7 +188,7 @@ pub(crate) fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, a
             &Grouping {
                 bucket: NEEDS,
                 filter: &tokens(".>"),
-                module_of: &pair_of,
+                module_of: &pair_cow,
                 has: &|p| any(env, NEEDS, &format!("{}.>", join(p))),
             },
             after,
@@ -199,7 +216,7 @@ pub(crate) fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, a
         if after.is_some_and(|a| a >= format!("{n}/").as_str()) {
             continue;
         }
-        let of = |k: &str| parse_composed(k).ok().map(|c| (n.to_string(), c.module));
+        let of = module_of(|k| parse_composed(k).ok().map(|c| (Cow::Owned(n.to_string()), Cow::Owned(c.module))));
         let has = |p: &Pair| any(env, &bucket, &format!("{}.*", p.1));
         let grouping = Grouping { bucket: &bucket, filter: &module_filter, module_of: &of, has: &has };
         // A node's compositions bucket the host refuses (not a bucket's stream) lists nothing;

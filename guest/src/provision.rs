@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::escape::{encode, identifier_problem, name_problem, shorten};
+use crate::escape::{encoded, identifier_problem, name_problem, shorten};
 use crate::registry::{self, Answer, Domain};
 
 /// One need of a plan, as the composition lists it.
@@ -179,10 +179,11 @@ pub(crate) fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
             return Resolved::Malformed(format!("the part {p}"));
         }
     }
-    let Some(domain) = registry::lookup(&need.kind) else {
+    let table = registry::table();
+    let Some(at) = table.iter().position(|d| d.kind == need.kind) else {
         return Resolved::Unanswered(format!("no domain answers the kind {:?}", need.kind));
     };
-    fill(domain, node, module, &need.name).unwrap_or_else(Resolved::Malformed)
+    fill(at, &table[at], node, module, &need.name).unwrap_or_else(Resolved::Malformed)
 }
 
 /// What a need's name fills in a domain's shapes.
@@ -212,50 +213,126 @@ fn split_bound(kind: &str, name: &str) -> Result<Filled, String> {
     })
 }
 
-/// Fills a shape's `<slot>`s with `value(slot)`; a slot with no value becomes `*` (and
-/// `wild` is set). `[.<local>]` is `.<local>` when there is a local, else nothing.
-fn subst<'v>(template: &str, value: impl Fn(&str) -> Option<Cow<'v, str>>, wild: &mut bool) -> String {
-    let mut out = String::with_capacity(template.len() + 16);
-    let mut rest = template;
-    // Bytes, not a `char` pattern: the brackets are ASCII, and a char-set searcher built for
-    // every need was a quarter of resolving one.
+/// A slot of a domain's shape, by name.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Node,
+    Module,
+    Name,
+    Provider,
+    Provision,
+    Local,
+    Collection,
+    /// A slot no need fills (`<contributor>`): `*`.
+    Open,
+}
+
+impl Slot {
+    fn named(name: &str) -> Slot {
+        match name {
+            "node" => Slot::Node,
+            "module" => Slot::Module,
+            "name" => Slot::Name,
+            "provider" => Slot::Provider,
+            "provision" => Slot::Provision,
+            "local" => Slot::Local,
+            "collection" => Slot::Collection,
+            _ => Slot::Open,
+        }
+    }
+}
+
+/// One piece of a shape: text as it is, a `<slot>`, or `[.<local>]` (`.<local>` when there is
+/// a local, else nothing).
+#[derive(Clone, Copy)]
+enum Piece {
+    Text(&'static str),
+    Slot(Slot),
+    OptionalLocal,
+}
+
+/// A domain's bucket and key shapes read into pieces once, not at every need.
+struct Shapes {
+    bucket: Vec<Piece>,
+    key: Vec<Piece>,
+}
+
+impl Shapes {
+    fn has(&self, slot: Slot) -> bool {
+        self.bucket.iter().chain(&self.key).any(|p| matches!(p, Piece::Slot(s) if *s == slot))
+    }
+}
+
+/// A shape's `<slot>`s and `[.<local>]`; an unclosed `<` is text.
+fn pieces(shape: &'static str) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut rest = shape;
     while let Some(open) = rest.bytes().position(|b| b == b'<' || b == b'[') {
-        out.push_str(&rest[..open]);
+        if open > 0 {
+            out.push(Piece::Text(&rest[..open]));
+        }
         rest = &rest[open..];
         if let Some(after) = rest.strip_prefix("[.<local>]") {
-            if let Some(l) = value("local") {
-                out.push('.');
-                out.push_str(&l);
-            }
+            out.push(Piece::OptionalLocal);
             rest = after;
             continue;
         }
         let Some(close) = rest.bytes().position(|b| b == b'>') else { break };
-        match value(&rest[1..close]) {
-            Some(v) => out.push_str(&v),
-            None => {
-                out.push('*');
-                *wild = true;
-            }
-        }
+        out.push(Piece::Slot(Slot::named(&rest[1..close])));
         rest = &rest[close + 1..];
     }
-    out.push_str(rest);
+    if !rest.is_empty() {
+        out.push(Piece::Text(rest));
+    }
     out
 }
 
-/// Whether a shape has the `<slot>` (with its brackets): looked for at each `<` only, which
-/// costs a component a fraction of building a substring searcher for every need.
-fn has_slot(template: &str, slot: &str) -> bool {
-    template.bytes().enumerate().any(|(i, b)| b == b'<' && template.as_bytes()[i..].starts_with(slot.as_bytes()))
+/// The shapes of each bucket domain of the table, in its order (`None`: a verb).
+fn shapes(at: usize) -> Option<&'static Shapes> {
+    static SHAPES: std::sync::OnceLock<Vec<Option<Shapes>>> = std::sync::OnceLock::new();
+    let all = SHAPES.get_or_init(|| {
+        registry::table()
+            .iter()
+            .map(|d| match &d.answer {
+                Answer::Bucket { bucket, key, .. } => Some(Shapes { bucket: pieces(bucket), key: pieces(key) }),
+                Answer::Verb(_) => None,
+            })
+            .collect()
+    });
+    all.get(at)?.as_ref()
 }
 
-fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result<Resolved, String> {
-    let (bucket, key, collection) = match &domain.answer {
-        Answer::Verb(verb) => return Ok(Resolved::Verb { domain: domain.owner, verb }),
-        Answer::Bucket { bucket, key, collection } => (*bucket, *key, *collection),
+/// Fills `pieces` with `value(slot)`; a slot with no value becomes `*` (and `wild` is set).
+fn subst<'v>(pieces: &[Piece], value: impl Fn(Slot) -> Option<Cow<'v, str>>, wild: &mut bool) -> String {
+    let mut out = String::with_capacity(48);
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::OptionalLocal => {
+                if let Some(l) = value(Slot::Local) {
+                    out.push('.');
+                    out.push_str(&l);
+                }
+            }
+            Piece::Slot(slot) => match value(*slot) {
+                Some(v) => out.push_str(&v),
+                None => {
+                    out.push('*');
+                    *wild = true;
+                }
+            },
+        }
+    }
+    out
+}
+
+fn fill(at: usize, domain: &'static Domain, node: &str, module: &str, name: &str) -> Result<Resolved, String> {
+    let (collection, shapes) = match (&domain.answer, shapes(at)) {
+        (Answer::Bucket { collection, .. }, Some(shapes)) => (*collection, shapes),
+        (Answer::Verb(verb), _) => return Ok(Resolved::Verb { domain: domain.owner, verb }),
+        (Answer::Bucket { .. }, None) => return Err(format!("the registry's shapes for {:?} were not read", domain.kind)),
     };
-    let filled = if has_slot(bucket, "<provider>") || has_slot(key, "<provision>") {
+    let filled = if shapes.has(Slot::Provider) || shapes.has(Slot::Provision) {
         split_bound(domain.kind, name)?
     } else {
         Filled::default()
@@ -264,22 +341,22 @@ fn fill(domain: &'static Domain, node: &str, module: &str, name: &str) -> Result
     // collection its need names.
     let collection = match collection {
         Some(c) => Some(c.to_string()),
-        None if has_slot(key, "<collection>") => Some(name.to_string()),
+        None if shapes.key.iter().any(|p| matches!(p, Piece::Slot(Slot::Collection))) => Some(name.to_string()),
         None => None,
     };
-    let value = |slot: &str| match slot {
-        "node" => Some(Cow::Borrowed(node)),
-        "module" => Some(Cow::Borrowed(module)),
-        "name" => Some(Cow::Owned(encode(name))),
-        "provider" => filled.provider.as_deref().map(Cow::Borrowed),
-        "provision" => filled.provision.as_deref().map(Cow::Borrowed),
-        "local" => filled.local.as_deref().map(Cow::Borrowed),
-        "collection" => collection.as_deref().map(|c| Cow::Owned(encode(c))),
-        _ => None,
+    let value = |slot: Slot| match slot {
+        Slot::Node => Some(Cow::Borrowed(node)),
+        Slot::Module => Some(Cow::Borrowed(module)),
+        Slot::Name => Some(encoded(name)),
+        Slot::Provider => filled.provider.as_deref().map(Cow::Borrowed),
+        Slot::Provision => filled.provision.as_deref().map(Cow::Borrowed),
+        Slot::Local => filled.local.as_deref().map(Cow::Borrowed),
+        Slot::Collection => collection.as_deref().map(encoded),
+        Slot::Open => None,
     };
     let mut wild = false;
-    let bucket = subst(bucket, value, &mut wild);
-    let place = subst(key, value, &mut wild);
+    let bucket = subst(&shapes.bucket, value, &mut wild);
+    let place = subst(&shapes.key, value, &mut wild);
     let domain = match (&filled.provider, domain.owner) {
         (Some(p), "<provider>") => p.clone(),
         (_, owner) => owner.to_string(),

@@ -15,7 +15,7 @@
 
 use crate::env::{Env, Health, HostError};
 use crate::escape::shorten;
-use crate::keys::{composed, parse_applied, parse_assignment, parse_need, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::keys::{composed, parse_applied, parse_assignment, parse_need_ref, APPLIED, ASSIGNMENTS, NEEDS};
 use crate::plan;
 use crate::provision::{self, Need};
 use crate::reconcile::scan_all;
@@ -155,10 +155,10 @@ pub(crate) fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut A
     let deeper = [pair.as_str(), ".>"].concat();
     for e in scan_all(env, NEEDS, &deeper)? {
         revision = revision.max(e.revision);
-        match parse_need(&e.key) {
+        match parse_need_ref(&e.key) {
             Ok(k) => {
                 let part = crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
-                needs.push((Need { kind: k.kind, name: k.name, part }, true, false));
+                needs.push((Need { kind: k.kind.into_owned(), name: k.name.into_owned(), part }, true, false));
             }
             Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),
         }
@@ -545,7 +545,7 @@ struct NeedLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     part: Option<&'a str>,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::sources"))]
-    source: Vec<&'static str>,
+    source: &'static [&'static str],
     #[serde(flatten)]
     place: &'a Place,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::check"))]

@@ -97,8 +97,13 @@ pub fn escaped_char_len(c: char) -> usize {
 /// Where a need of a module was learnt: its recorded needs, its plan.
 pub const SOURCES: [&str; 2] = ["recorded", "planned"];
 
-pub fn sources(recorded: bool, planned: bool) -> Vec<&'static str> {
-    [(SOURCES[0], recorded), (SOURCES[1], planned)].into_iter().filter(|(_, on)| *on).map(|(s, _)| s).collect()
+pub fn sources(recorded: bool, planned: bool) -> &'static [&'static str] {
+    match (recorded, planned) {
+        (true, true) => &SOURCES,
+        (true, false) => &SOURCES[..1],
+        (false, true) => &SOURCES[1..],
+        (false, false) => &[],
+    }
 }
 
 /// A stored value as a reply shows it, flattened into its entry: `value`, and `encoding` when
