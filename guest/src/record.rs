@@ -48,8 +48,10 @@ pub fn read(env: &dyn Env, node: &str, module: &str) -> Result<Option<(Record, u
 /// that cannot be read now says nothing: `since` is a hint about time, never a reason to fail
 /// a status.
 pub fn since(env: &dyn Env, node: &str, module: &str, state: &str) -> Option<String> {
-    match read(env, node, module) {
-        Ok(Some((r, _))) if r.state == state && !r.since.is_empty() => Some(r.since),
-        _ => None,
-    }
+    since_in(read(env, node, module).ok().flatten().as_ref().map(|(r, _)| r), state)
+}
+
+/// [`since`] from a record already read.
+pub fn since_in(record: Option<&Record>, state: &str) -> Option<String> {
+    record.filter(|r| r.state == state && !r.since.is_empty()).map(|r| r.since.clone())
 }

@@ -106,6 +106,15 @@ pub struct ModuleStatus {
     pub revision: u64,
 }
 
+impl ModuleStatus {
+    /// Whether what this status read shows the module known by a source — a needs key of its
+    /// own, recorded or out of shape — so that [`crate::modules::known`] need not ask again.
+    /// `false` says nothing: the module may still be assigned, applied or composed.
+    pub(crate) fn evidently_known(&self) -> bool {
+        self.needs.iter().any(|n| n.recorded) || self.out_of_shape.iter().any(|o| o.bucket == NEEDS)
+    }
+}
+
 /// The first few `kind:name (reason)` of `needs`, for a module's reason.
 fn summary(needs: &[&NeedStatus]) -> String {
     const SHOWN: usize = 3;
@@ -136,9 +145,21 @@ pub fn module(env: &dyn Env, node: &str, module: &str) -> Result<ModuleStatus, H
     module_with(env, node, module, &mut Asked::default())
 }
 
+/// A module's state record, for its `since`: read by the status, or as its caller has just
+/// read it (the state sweep reads it to compare, and need not have it read twice).
+pub(crate) enum Recorded<'r> {
+    ToRead,
+    Read(Option<&'r crate::record::Record>),
+}
+
 /// As [`module`], asking each bucket's health and each provider's assignments at most once
 /// across calls sharing `asked`.
 pub(crate) fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut Asked) -> Result<ModuleStatus, HostError> {
+    module_recorded(env, node, module, asked, Recorded::ToRead)
+}
+
+/// As [`module_with`], with the module's state record as `recorded` says.
+pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &mut Asked, recorded: Recorded) -> Result<ModuleStatus, HostError> {
     // Joined by hand: `format!` costs a component several times a few appends.
     let pair = [node, ".", module].concat();
     let plan = plan::compute(env, node, module, false)?;
@@ -218,7 +239,10 @@ pub(crate) fn module_with(env: &dyn Env, node: &str, module: &str, asked: &mut A
     }
 
     let (state, reason) = state(node, module, &plan, record.as_ref(), &checked);
-    let since = crate::record::since(env, node, module, state.name());
+    let since = match recorded {
+        Recorded::ToRead => crate::record::since(env, node, module, state.name()),
+        Recorded::Read(r) => crate::record::since_in(r, state.name()),
+    };
     let warnings = warnings(env, node, &checked, &mut asked.healths);
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {

@@ -239,7 +239,9 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool, asked: &mut statu
     let expected = recorded.as_ref().map_or(0, |(_, r)| *r);
     let was = recorded.as_ref().map(|(r, _)| r.state.as_str()).filter(|s| !s.is_empty());
     let key = modules::join(p);
-    if !modules::known(env, node, module)? {
+    // The status first: when what it read shows a source, `known`'s reads are not made again.
+    let s = status::module_recorded(env, node, module, asked, status::Recorded::Read(recorded.as_ref().map(|(r, _)| r)))?;
+    if !s.evidently_known() && !modules::known(env, node, module)? {
         // Gone from every source: its record goes, and a watcher is told once.
         let Some(was) = was else { return Ok(None) };
         let reason = format!("{module} on {node} is no longer assigned, applied, needed or composed");
@@ -247,7 +249,6 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool, asked: &mut statu
         let event = Some(crate::value::to_json(&event).into_bytes());
         return Ok(Some(Transition { key, value: Vec::new(), expected, node: node.into(), state: GONE, event }));
     }
-    let s = status::module_with(env, node, module, asked)?;
     let state = s.state.name();
     if was == Some(state) {
         return Ok(None);

@@ -81,7 +81,16 @@ pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
 
 /// The bytes `s` takes as a JSON string, quotes included, as serde_json writes it.
 pub fn escaped_len(s: &str) -> usize {
-    2 + s.chars().map(escaped_char_len).sum::<usize>()
+    // By bytes, not characters: a character's UTF-8 bytes are written as they are, and every
+    // character that is escaped is one ASCII byte (every key of a page is counted here).
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
 }
 
 /// The bytes one character takes inside a JSON string, as serde_json writes it.
@@ -247,7 +256,7 @@ mod tests {
 
     #[test]
     fn counts_a_string_as_serde_writes_it() {
-        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f}", "é ✓", ""] {
+        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f} \u{7f}", "é ✓ 😀", ""] {
             assert_eq!(escaped_len(text), serde_json::to_string(text).unwrap().len(), "{text:?}");
         }
     }

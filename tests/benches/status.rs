@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_provisioner::backend::{Backend, MemoryBackend};
-use mesh_provisioner::runtime::{Limits, Options, ReplyCode, Runtime};
+use mesh_provisioner::runtime::{Change, Limits, Options, ReplyCode, Runtime};
 use tests::native::Native;
 
 const MODULES: usize = 2000;
@@ -140,6 +140,29 @@ fn main() {
             keys / modules,
             per(floor, modules),
             status.as_secs_f64() / floor.as_secs_f64()
+        );
+        // The state sweep: `transitions` of its most modules a call, each moved by a write to one
+        // of its needs (the states bucket empty: every module is found a state to record).
+        let changes: Vec<Vec<Change>> = (0..MODULES)
+            .collect::<Vec<_>>()
+            .chunks(guest::transitions::MAX_PER_CALL)
+            .map(|c| c.iter().map(|m| Change { bucket: "mesh-provisioner_needs".into(), key: Some(format!("alpha.m{m:06}.config.name0")) }).collect())
+            .collect();
+        let before = b.reads();
+        let (sweep, swept) = best(|| {
+            let start = Instant::now();
+            let mut swept = 0;
+            for call in &changes {
+                let r = rt.block_on(guest.transitions(backend.clone(), Limits::default(), call, "2026-12-01T10:00:00Z")).expect("call").expect("transitions");
+                swept += r.computed as usize;
+            }
+            (start.elapsed(), swept)
+        });
+        let sweep_imports = (b.reads() - before) as f64 / (swept * ROUNDS) as f64;
+        println!(
+            "  the state sweep (component): {:.1} µs a module ({sweep_imports:.1} store imports), {:.2}× its status",
+            per(sweep, swept),
+            sweep.as_secs_f64() / swept as f64 / (status.as_secs_f64() / modules as f64)
         );
         println!(
             "  native:    status {:.1} µs a module; the needs of a module {:.1} µs: {:.2}×; the component's status is {:.2}× the native",

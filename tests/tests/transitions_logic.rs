@@ -191,3 +191,24 @@ fn follows_every_bucket_a_status_reads() {
     }
     assert!(!inputs.iter().any(|i| i == STATES), "its own records move nothing");
 }
+
+#[test]
+fn a_module_known_by_one_source_alone_is_never_gone() {
+    let b = recorded("2026-12-01T10:00:00Z");
+    // alpha.web's one need goes; each time one other source alone still knows the module.
+    b.delete(NEEDS, "alpha.web.config.base_url");
+    let sources: [(&str, &str, &[u8]); 3] = [
+        (NEEDS, "alpha.web.config", b"{}"),
+        (ASSIGNMENTS, "alpha.web", br#"{"want":"b1"}"#),
+        (APPLIED, "alpha.web", br#"{"build":"b1","needs":0}"#),
+    ];
+    for (bucket, key, value) in sources {
+        b.put(bucket, key, value);
+        let r = run(&b, &[(bucket, Some(key))], "2026-12-01T10:03:00Z");
+        assert!(by_key(&r, "alpha.web").is_none_or(|t| t.state != "gone"), "known by {bucket} {key} alone: {:?}", by_key(&r, "alpha.web"));
+        write(&b, &r);
+        b.delete(bucket, key);
+    }
+    let r = run(&b, &[(NEEDS, Some("alpha.web.config"))], "2026-12-01T10:04:00Z");
+    assert_eq!(by_key(&r, "alpha.web").map(|t| t.state), Some("gone"), "no source knows it any more");
+}
