@@ -4,6 +4,8 @@
 //! (`Currency`, `Generation`). Below `status` and `holders`, which both answer with them; it
 //! answers nothing itself.
 
+use std::borrow::Cow;
+
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::Value;
@@ -58,7 +60,7 @@ impl Check {
 /// Where a need's value is found, as the registry resolves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Place {
-    Bucket { domain: String, bucket: String, place: String, filter: bool },
+    Bucket { domain: Cow<'static, str>, bucket: Cow<'static, str>, place: String, filter: bool },
     Verb { domain: String, verb: String },
     Nowhere,
 }

@@ -162,7 +162,9 @@ impl Serialize for Resolved {
 
 pub(crate) enum Resolved {
     Verb { domain: &'static str, verb: &'static str },
-    Bucket { domain: String, bucket: String, collection: Option<String>, place: String, wild: bool },
+    /// The domain and the bucket are borrowed from the registry unless a need's name fills them
+    /// (a provider's): every need of every status resolves here.
+    Bucket { domain: Cow<'static, str>, bucket: Cow<'static, str>, collection: Option<String>, place: String, wild: bool },
     Unanswered(String),
     Malformed(String),
 }
@@ -355,11 +357,14 @@ fn fill(at: usize, domain: &'static Domain, node: &str, module: &str, name: &str
         Slot::Open => None,
     };
     let mut wild = false;
-    let bucket = subst(&shapes.bucket, value, &mut wild);
+    let bucket = match shapes.bucket.as_slice() {
+        [Piece::Text(t)] => Cow::Borrowed(*t),
+        pieces => Cow::Owned(subst(pieces, value, &mut wild)),
+    };
     let place = subst(&shapes.key, value, &mut wild);
     let domain = match (&filled.provider, domain.owner) {
-        (Some(p), "<provider>") => p.clone(),
-        (_, owner) => owner.to_string(),
+        (Some(p), "<provider>") => Cow::Owned(p.clone()),
+        (_, owner) => Cow::Borrowed(owner),
     };
     Ok(Resolved::Bucket { domain, bucket, collection, place, wild })
 }

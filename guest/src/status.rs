@@ -138,6 +138,18 @@ pub(crate) struct Asked {
     /// (`<node>.<module>.…`), out of shape, as the page's one scan of them found them — so no
     /// module scans both buckets again. `None` outside a page: each module scans its own.
     deep: Option<std::collections::HashMap<String, Vec<OutOfShape>>>,
+    /// For the state sweep: only each module's state and its reason are wanted, so what decides
+    /// neither is not read — the keys deeper than a module's own, the buckets' health, and a
+    /// need's `part` unless the applied record lists the parts installed. Its statuses' other
+    /// fields are then partial; they are never shown.
+    states_only: bool,
+}
+
+impl Asked {
+    /// What the state sweep asks: [`Asked::states_only`].
+    pub(crate) fn for_states() -> Asked {
+        Asked { states_only: true, ..Asked::default() }
+    }
 }
 
 /// The status of `module` on `node`, checked now.
@@ -170,6 +182,8 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
     let applied = plan.applied.clone();
     revision = applied.as_ref().map_or(revision, |e| e.revision.max(revision));
     let record = applied.as_ref().map(|e| applied_record(&e.value));
+    // A part decides a state only against the parts an applied record lists.
+    let read_parts = !asked.states_only || record.as_ref().is_some_and(|r| r.parts.is_some());
 
     // The needs: recorded first (in key order), then the plan's that were not recorded.
     let mut needs: Vec<(Need, bool, bool)> = Vec::new();
@@ -178,7 +192,7 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
         revision = revision.max(e.revision);
         match parse_need_ref(&e.key) {
             Ok(k) => {
-                let part = crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
+                let part = read_parts.then(|| crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())).flatten();
                 needs.push((Need { kind: k.kind.into_owned(), name: k.name.into_owned(), part }, true, false));
             }
             Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),
@@ -186,6 +200,7 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
     }
     match asked.deep.as_mut() {
         Some(deep) => out_of_shape.extend(deep.remove(&pair).unwrap_or_default()),
+        None if asked.states_only => {}
         None => {
             for bucket in [APPLIED, ASSIGNMENTS] {
                 for e in scan_all(env, bucket, &deeper)? {
@@ -243,7 +258,7 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
         Recorded::ToRead => crate::record::since(env, node, module, state.name()),
         Recorded::Read(r) => crate::record::since_in(r, state.name()),
     };
-    let warnings = warnings(env, node, &checked, &mut asked.healths);
+    let warnings = if asked.states_only { Vec::new() } else { warnings(env, node, &checked, &mut asked.healths) };
     for n in &checked {
         if let Check::Present { revision: r, .. } | Check::Collected { revision: r, .. } | Check::Stale { revision: r, .. } = n.check {
             revision = revision.max(r);
@@ -321,7 +336,7 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healt
     let mut buckets: Vec<&str> = vec![NEEDS, APPLIED, &compositions];
     for n in needs {
         if let Place::Bucket { bucket, .. } = &n.place {
-            if !buckets.contains(&bucket.as_str()) {
+            if !buckets.contains(&bucket.as_ref()) {
                 buckets.push(bucket);
             }
         }

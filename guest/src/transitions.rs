@@ -215,7 +215,7 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
     report.rest.extend(later.iter().map(module_change));
     // One call is one moment: each bucket's health, existence and each provider are asked once
     // for all its modules, as for a page of status.
-    let mut asked = status::Asked::default();
+    let mut asked = status::Asked::for_states();
     for (p, quiet) in now_live.iter().map(|p| (p, false)).chain(swept.iter().filter(|p| !now_live.contains(p)).map(|p| (p, quiet_sweep))) {
         match transition(env, p, now, quiet, &mut asked) {
             Ok(Some(t)) => report.transitions.push(t),

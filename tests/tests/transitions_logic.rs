@@ -212,3 +212,19 @@ fn a_module_known_by_one_source_alone_is_never_gone() {
     let r = run(&b, &[(NEEDS, Some("alpha.web.config"))], "2026-12-01T10:04:00Z");
     assert_eq!(by_key(&r, "alpha.web").map(|t| t.state), Some("gone"), "no source knows it any more");
 }
+
+#[test]
+fn the_sweep_finds_each_module_in_the_state_its_status_says() {
+    // The sweep reads only what decides a state (a need's part only against the parts an
+    // applied record lists): each state it records is the one a status answer shows.
+    let b = mesh();
+    let r = run(&b, &[(APPLIED, None)], "2026-12-01T10:00:00Z");
+    assert_eq!(r.transitions.len(), 7, "{:?}", r.transitions);
+    for t in &r.transitions {
+        let (node, module) = t.key.split_once('.').expect("<node>.<module>");
+        let status = guest::status::module(&Native(b.clone()), node, module).expect("status");
+        assert_eq!(t.state, status.state.name(), "{}: {}", t.key, status.reason);
+    }
+    let app = r.transitions.iter().find(|t| t.key == "alpha.app").expect("alpha.app");
+    assert_eq!(app.state, "applied", "a need of a part not installed counts for nothing");
+}
