@@ -106,8 +106,10 @@ impl<'k> Iterator for Dots<'k> {
 /// Splits `key` into the tokens of `shape` (at most four), checking each; `optional` trailing
 /// tokens may be absent (then empty: a token present is never empty). A token is borrowed
 /// from the key unless it had escapes to decode.
-fn split<'k>(key: &'k str, what: &str, shape: &[Token], optional: usize) -> Result<[Cow<'k, str>; 4], String> {
-    let min = shape.len() - optional;
+fn split<'k, const N: usize>(key: &'k str, what: &str, shape: &[Token; N], optional: usize) -> Result<[Cow<'k, str>; 4], String> {
+    // Every shape is a literal here: one longer than the tokens kept fails the build.
+    const { assert!(N <= 4, "a key shape has at most four tokens") };
+    let min = N - optional;
     let mut out: [Cow<'k, str>; 4] = Default::default();
     let mut read = 0;
     let mut tokens = dots(key);
