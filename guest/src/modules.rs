@@ -28,7 +28,7 @@ pub(crate) fn pair_of(key: &str) -> Option<Pair> {
 }
 
 /// [`pair_of`] as a [`Grouping`] reads it.
-pub(crate) fn pair_cow(key: &str) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
+pub(crate) fn pair_cow(key: &str) -> Option<NamedPair<'_>> {
     pair_in(key).map(|(n, m)| (Cow::Borrowed(n), Cow::Borrowed(m)))
 }
 
@@ -83,18 +83,21 @@ fn any(env: &dyn Env, bucket: &str, filter: &str) -> Result<bool, HostError> {
     Ok(!env.scan(bucket, filter, None, 1)?.entries.is_empty())
 }
 
+/// The node and module a key names, borrowed from it where they can be.
+pub(crate) type NamedPair<'k> = (Cow<'k, str>, Cow<'k, str>);
+
 /// A bucket whose keys start with a module's tokens: which keys, the module a key names, and
 /// whether a module has any key.
 pub(crate) struct Grouping<'a> {
     pub bucket: &'a str,
     pub filter: &'a str,
     /// Borrowed from the key where it can be: a page reads each module's key many times over.
-    pub module_of: &'a dyn for<'k> Fn(&'k str) -> Option<(Cow<'k, str>, Cow<'k, str>)>,
+    pub module_of: &'a dyn for<'k> Fn(&'k str) -> Option<NamedPair<'k>>,
     pub has: &'a dyn Fn(&Pair) -> Result<bool, HostError>,
 }
 
 /// `f` as a [`Grouping`]'s `module_of` (a closure's lifetimes are inferred from its use).
-fn module_of<F: for<'k> Fn(&'k str) -> Option<(Cow<'k, str>, Cow<'k, str>)>>(f: F) -> F {
+fn module_of<F: for<'k> Fn(&'k str) -> Option<NamedPair<'k>>>(f: F) -> F {
     f
 }
 
