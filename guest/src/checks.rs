@@ -446,32 +446,38 @@ enum Why {
 
 /// The comparison [`generation`] words and [`currency`] does not: a state needs only the
 /// currency, and writing every need's reason for nothing was a tenth of a module's status.
-fn judge(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> (Currency, Option<u64>, Option<u64>, Why) {
-    let now = match check {
-        Check::Present { revision, .. } | Check::Stale { revision, .. } => Some(*revision),
-        Check::Collected { items, revision } if *items > 0 => Some(*revision),
-        _ => None,
-    };
+/// `now` is the revision the check found at the need's place ([`revision_now`]).
+fn judge(check: &Check, now: Option<u64>, record: Option<&Applied>, kind: &str, name: &str) -> (Currency, Option<u64>, Why) {
     let Some(record) = record else {
-        return (Currency::NeverApplied, None, now, Why::NeverApplied);
+        return (Currency::NeverApplied, None, Why::NeverApplied);
     };
     let applied = record.values.as_ref().and_then(|v| v.get(&[kind, ":", name].concat())).copied();
     let not_named = if record.values.is_none() { Why::NoValues } else { Why::NotNamed };
     match (check, now, applied) {
-        (Check::Answered { .. }, ..) => (Currency::Unknown, None, now, Why::Verb),
-        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => (Currency::Unknown, applied, now, Why::Unreadable),
-        (_, Some(_), None) | (_, None, None) => (Currency::Unknown, None, now, not_named),
-        (_, None, Some(a)) => (Currency::Stale, Some(a), now, Why::Gone(a)),
-        (_, Some(r), Some(a)) if a == r => (Currency::Current, Some(a), now, Why::Runs(r)),
-        (_, Some(r), Some(a)) if a < r => (Currency::Stale, Some(a), now, Why::Behind { applied: a, now: r }),
-        (_, Some(r), Some(a)) => (Currency::Unknown, Some(a), now, Why::Ahead { applied: a, now: r }),
+        (Check::Answered { .. }, ..) => (Currency::Unknown, None, Why::Verb),
+        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => (Currency::Unknown, applied, Why::Unreadable),
+        (_, Some(_), None) | (_, None, None) => (Currency::Unknown, None, not_named),
+        (_, None, Some(a)) => (Currency::Stale, Some(a), Why::Gone(a)),
+        (_, Some(r), Some(a)) if a == r => (Currency::Current, Some(a), Why::Runs(r)),
+        (_, Some(r), Some(a)) if a < r => (Currency::Stale, Some(a), Why::Behind { applied: a, now: r }),
+        (_, Some(r), Some(a)) => (Currency::Unknown, Some(a), Why::Ahead { applied: a, now: r }),
+    }
+}
+
+/// The revision a check found at the need's place, if it found one.
+fn revision_now(check: &Check) -> Option<u64> {
+    match check {
+        Check::Present { revision, .. } | Check::Stale { revision, .. } => Some(*revision),
+        Check::Collected { items, revision } if *items > 0 => Some(*revision),
+        _ => None,
     }
 }
 
 /// Compares what the holder applied (its applied record, if any) with what a check found at
 /// the need's place now, for the need `<kind>:<name>`.
 pub(crate) fn generation(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> Generation {
-    let (currency, applied, now, why) = judge(check, record, kind, name);
+    let now = revision_now(check);
+    let (currency, applied, why) = judge(check, now, record, kind, name);
     let reason = match why {
         Why::NeverApplied => format!("no applied record: {kind}:{name} was never applied here"),
         Why::NoValues => "the applied record has no `values`: which revision was applied cannot be said".to_string(),
@@ -488,6 +494,6 @@ pub(crate) fn generation(check: &Check, record: Option<&Applied>, kind: &str, na
 
 /// [`generation`]'s currency alone.
 pub(crate) fn currency(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> Currency {
-    judge(check, record, kind, name).0
+    judge(check, revision_now(check), record, kind, name).0
 }
 

@@ -181,11 +181,10 @@ pub(crate) fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
             return Resolved::Malformed(format!("the part {p}"));
         }
     }
-    let table = registry::table();
-    let Some(at) = table.iter().position(|d| d.kind == need.kind) else {
+    let Some((at, domain)) = registry::lookup_at(&need.kind) else {
         return Resolved::Unanswered(format!("no domain answers the kind {:?}", need.kind));
     };
-    fill(at, &table[at], node, module, &need.name).unwrap_or_else(Resolved::Malformed)
+    fill(at, domain, node, module, &need.name).unwrap_or_else(Resolved::Malformed)
 }
 
 /// What a need's name fills in a domain's shapes.
@@ -289,7 +288,7 @@ fn pieces(shape: &'static str) -> Vec<Piece> {
     out
 }
 
-/// The shapes of each bucket domain of the table, in its order (`None`: a verb).
+/// The shapes of the bucket domain at `at` in the table (`None`: a verb).
 fn shapes(at: usize) -> Option<&'static Shapes> {
     static SHAPES: std::sync::OnceLock<Vec<Option<Shapes>>> = std::sync::OnceLock::new();
     let all = SHAPES.get_or_init(|| {

@@ -62,7 +62,12 @@ fn build() -> Vec<Domain> {
 
 /// The domain answering `kind`, if any.
 pub fn lookup(kind: &str) -> Option<&'static Domain> {
-    table().iter().find(|d| d.kind == kind)
+    lookup_at(kind).map(|(_, d)| d)
+}
+
+/// [`lookup`], with the domain's place in the [`table`] (what is kept beside it is found there).
+pub fn lookup_at(kind: &str) -> Option<(usize, &'static Domain)> {
+    table().iter().enumerate().find(|(_, d)| d.kind == kind)
 }
 
 impl Domain {

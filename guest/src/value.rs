@@ -83,22 +83,20 @@ pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
 pub fn escaped_len(s: &str) -> usize {
     // By bytes, not characters: a character's UTF-8 bytes are written as they are, and every
     // character that is escaped is one ASCII byte (every key of a page is counted here).
-    2 + s
-        .bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
-            0..0x20 => 6,
-            _ => 1,
-        })
-        .sum::<usize>()
+    2 + s.bytes().map(escaped_byte_len).sum::<usize>()
 }
 
 /// The bytes one character takes inside a JSON string, as serde_json writes it.
 pub fn escaped_char_len(c: char) -> usize {
-    match c {
-        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-        c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
+    if c.is_ascii() { escaped_byte_len(c as u8) } else { c.len_utf8() }
+}
+
+/// The bytes one byte of a string's UTF-8 takes inside a JSON string: only ASCII is escaped.
+fn escaped_byte_len(b: u8) -> usize {
+    match b {
+        b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+        0..0x20 => 6,
+        _ => 1,
     }
 }
 
