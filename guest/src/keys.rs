@@ -163,7 +163,9 @@ pub fn parse_registry(key: &str) -> Result<String, String> {
 }
 
 /// A key of `mesh-provisioner_needs`, borrowed from it (the name too, unless it was escaped):
-/// a status reads every key of a module's needs and keeps only their kinds and names.
+/// a status reads every key of a module's needs and keeps only their kinds and names, and the
+/// needs verb writes each one's tokens into its line without copying them first.
+#[derive(serde::Serialize)]
 pub struct NeedRef<'k> {
     pub node: Cow<'k, str>,
     pub module: Cow<'k, str>,

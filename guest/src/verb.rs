@@ -7,7 +7,7 @@
 
 use crate::env::{Entry, Env, HostError};
 use crate::escape::encode;
-use crate::keys::{self, parse_applied, parse_collect, parse_need, parse_registry};
+use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
 use crate::request::{self, Query, What};
 use crate::reply::PageBudget;
 use crate::value::{raw, to_json, Shown};
@@ -165,7 +165,7 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
 pub(crate) struct Line<'a> {
     key: &'a str,
     #[serde(flatten)]
-    fields: Option<Fields>,
+    fields: Option<Fields<'a>>,
     revision: u64,
     #[serde(flatten)]
     tail: Tail<'a>,
@@ -175,9 +175,9 @@ pub(crate) struct Line<'a> {
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
-enum Fields {
+enum Fields<'a> {
     Registry { kind: String },
-    Need(keys::NeedKey),
+    Need(#[cfg_attr(feature = "schema", schemars(with = "keys::NeedKey"))] keys::NeedRef<'a>),
     Applied(keys::AppliedKey),
     Collect(keys::CollectKey),
 }
@@ -205,7 +205,7 @@ struct Omitted {
 fn line(what: What, e: &Entry, value: bool) -> (Box<RawValue>, bool) {
     let fields = match what {
         What::Registry => parse_registry(&e.key).map(|kind| Fields::Registry { kind }),
-        What::Needs => parse_need(&e.key).map(Fields::Need),
+        What::Needs => parse_need_ref(&e.key).map(Fields::Need),
         // (`status` and `holders` list modules; never items of one bucket.)
         What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(Fields::Applied),
         What::Collect => parse_collect(&e.key).map(Fields::Collect),
