@@ -123,7 +123,7 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
     for h in &page.holders {
         let item = raw(&Line::of(h));
         let key = format!("{}.{}", h.node, h.module);
-        if !room.take(&[(0, &item)], &key) {
+        if !room.take(&[(0, item.get())], &key) {
             if last.is_none() {
                 return Ok(Reply::error(Code::Internal, &format!("the holder {} cannot fit a reply of {budget} bytes", shorten(&key))));
             }

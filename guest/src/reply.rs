@@ -4,7 +4,6 @@
 //! which all answer with it; it reads nothing.
 
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::env::HostError;
 use crate::value::{escaped_char_len, escaped_len, to_json};
@@ -145,20 +144,20 @@ impl PageBudget {
 
     /// What `lines` (each with the list it goes to) would add, and whether the page still fits
     /// with them, should it end after them with `next` = `cut` or the uncut `next`.
-    fn cost(&self, lines: &[(usize, &RawValue)]) -> usize {
+    fn cost(&self, lines: &[(usize, &str)]) -> usize {
         let mut filled = self.filled;
         lines
             .iter()
             .map(|(list, line)| {
                 let comma = usize::from(std::mem::replace(&mut filled[*list], true));
-                line.get().len() + comma
+                line.len() + comma
             })
             .sum()
     }
 
     /// Takes `lines` into the page if they fit together with the `next` it would say were it
     /// cut after them (`cut`); says whether it took them. Nothing is taken in part.
-    pub fn take(&mut self, lines: &[(usize, &RawValue)], cut: &str) -> bool {
+    pub fn take(&mut self, lines: &[(usize, &str)], cut: &str) -> bool {
         let add = self.cost(lines);
         if self.used + add + next_len(Some(cut)).max(self.uncut) > self.budget {
             return false;

@@ -4,8 +4,12 @@
 //!
 //! Every answer is a `#[derive(Serialize)]` struct over the data it shows (values as
 //! [`RawValue`], never parsed into a tree); pages are cut by size, so an entry is rendered on its
-//! own ([`raw`]) and its length counted before it joins the page. Measured against the hand
-//! written writer this replaced: see ARCHITECTURE.md, "Benchmarks".
+//! own ([`raw`]) and its length counted before it joins the page. The two lines answers have
+//! most of — an entry of a bucket's page, a module of a status page — and their pages are
+//! written by [`Object`] instead, into one string each, the same bytes as their structs' derive
+//! (which stays: the schema is made from it, and the tests hold the two equal). A stored value
+//! is read twice (as JSON, then as a tree would) only when it could hold what a tree refuses
+//! ([`plainly_readable`]).
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
@@ -79,6 +83,264 @@ pub fn to_json<T: Serialize + ?Sized>(v: &T) -> String {
 /// `v` rendered alone, to be counted and then placed in a page as it is.
 pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
+
+/// A JSON object written field by field into a string, for the lines an answer has many of
+/// (every entry of a bucket's page, every module of a status page): the same bytes serde's
+/// derive writes for the line's struct (which stays, for the schema and as the tests'
+/// reference), without its per-field machinery, a string grown twice, and a copy into a
+/// `RawValue` and another into the page. Objects nested in it are written into the same string.
+pub struct Object<'o> {
+    out: &'o mut String,
+    first: bool,
+}
+
+impl<'o> Object<'o> {
+    /// Opens an object at the end of `out`; [`Object::end`] closes it.
+    pub fn new(out: &'o mut String) -> Object<'o> {
+        out.push('{');
+        Object { out, first: true }
+    }
+
+    /// Starts the field `name`: a literal of this crate, which needs no escape.
+    fn name(&mut self, name: &'static str) {
+        debug_assert!(name.bytes().all(|b| escaped_byte_len(b) == 1), "{name:?} is written unescaped");
+        if !std::mem::take(&mut self.first) {
+            self.out.push(',');
+        }
+        self.out.push('"');
+        self.out.push_str(name);
+        self.out.push_str("\":");
+    }
+
+    pub fn str(&mut self, name: &'static str, value: &str) {
+        self.name(name);
+        write_str(self.out, value);
+    }
+
+    /// The field when there is a value; nothing when not (`skip_serializing_if = "Option::is_none"`).
+    pub fn some_str(&mut self, name: &'static str, value: Option<&str>) {
+        if let Some(value) = value {
+            self.str(name, value);
+        }
+    }
+
+    pub fn u64(&mut self, name: &'static str, value: u64) {
+        self.name(name);
+        write_u64(self.out, value);
+    }
+
+    pub fn bool(&mut self, name: &'static str, value: bool) {
+        self.name(name);
+        self.out.push_str(if value { "true" } else { "false" });
+    }
+
+    /// `value`, JSON text already (a line or a stored value read as JSON), as it is.
+    pub fn raw(&mut self, name: &'static str, value: &str) {
+        self.name(name);
+        self.out.push_str(value);
+    }
+
+    /// `"name":[…]`, each of `items` JSON text already.
+    pub fn list(&mut self, name: &'static str, items: &[String]) {
+        self.name(name);
+        self.out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            self.out.push_str(item);
+        }
+        self.out.push(']');
+    }
+
+    /// `"name":["…",…]`, each of `items` a string.
+    pub fn strs<S: AsRef<str>>(&mut self, name: &'static str, items: &[S]) {
+        self.name(name);
+        self.out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            write_str(self.out, item.as_ref());
+        }
+        self.out.push(']');
+    }
+
+    /// `"name":{…}`, its fields written by `fields`.
+    pub fn object(&mut self, name: &'static str, fields: impl FnOnce(&mut Object)) {
+        self.name(name);
+        let mut o = Object::new(self.out);
+        fields(&mut o);
+        o.end();
+    }
+
+    /// `"name":[{…},…]`, one object for each of `items`, its fields written by `fields`.
+    pub fn objects<T>(&mut self, name: &'static str, items: &[T], mut fields: impl FnMut(&mut Object, &T)) {
+        self.name(name);
+        self.out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            let mut o = Object::new(self.out);
+            fields(&mut o, item);
+            o.end();
+        }
+        self.out.push(']');
+    }
+
+    /// A stored value's fields, as [`Shown`] serializes flattened into a line.
+    pub fn shown(&mut self, value: &Shown) {
+        match value {
+            Shown::Json { value } => self.raw("value", value.get()),
+            Shown::Text { value, encoding } => {
+                self.str("value", value);
+                self.str("encoding", encoding);
+            }
+            Shown::Binary { value, encoding } => {
+                self.str("value", value);
+                self.str("encoding", encoding);
+            }
+        }
+    }
+
+    pub fn end(self) {
+        self.out.push('}');
+    }
+}
+
+/// A value [`Object`] writes as a field: a string or a number.
+pub trait Scalar: Copy + Serialize {
+    fn write(self, o: &mut Object, name: &'static str);
+}
+
+impl Scalar for &str {
+    fn write(self, o: &mut Object, name: &'static str) {
+        o.str(name, self);
+    }
+}
+
+impl Scalar for u64 {
+    fn write(self, o: &mut Object, name: &'static str) {
+        o.u64(name, self);
+    }
+}
+
+/// A few fields that a type flattens into the line holding it (a need's place, what its check
+/// found), in order: serde (as a map) and [`Object`] both write from this one list, so the two
+/// writings cannot disagree.
+pub struct Flat<T, const N: usize> {
+    fields: [Option<(&'static str, T)>; N],
+}
+
+impl<T: Scalar, const N: usize> Flat<T, N> {
+    pub fn new() -> Self {
+        Flat { fields: [None; N] }
+    }
+
+    /// With the field `name` next; past `N` fields (a type's own literal list) it is dropped
+    /// in a release build, never a panic.
+    pub fn with(mut self, name: &'static str, value: T) -> Self {
+        let free = self.fields.iter_mut().find(|f| f.is_none());
+        debug_assert!(free.is_some(), "more than {N} fields flattened");
+        if let Some(slot) = free {
+            *slot = Some((name, value));
+        }
+        self
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'static str, T)> + '_ {
+        self.fields.iter().map_while(|f| *f)
+    }
+}
+
+impl<T: Scalar, const N: usize> Default for Flat<T, N> {
+    fn default() -> Self {
+        Flat::new()
+    }
+}
+
+impl<T: Scalar, const N: usize> Serialize for Flat<T, N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        for (name, value) in self.iter() {
+            m.serialize_entry(name, &value)?;
+        }
+        m.end()
+    }
+}
+
+impl Object<'_> {
+    /// The fields of `flat`, into this object as their own.
+    pub fn flat<T: Scalar, const N: usize>(&mut self, flat: &Flat<T, N>) {
+        for (name, value) in flat.iter() {
+            value.write(self, name);
+        }
+    }
+}
+
+/// An object written alone into a string of about `bytes` (a guess: it grows past it).
+pub fn object(bytes: usize, fields: impl FnOnce(&mut Object)) -> String {
+    let mut out = String::with_capacity(bytes);
+    let mut o = Object::new(&mut out);
+    fields(&mut o);
+    o.end();
+    out
+}
+
+/// `s` as a JSON string, escaped as serde_json escapes it (the characters [`escaped_byte_len`]
+/// counts as more than one byte, `\u00xx` in lower-case hex), runs of plain bytes copied whole.
+pub fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if escaped_byte_len(b) == 1 {
+            continue;
+        }
+        // Every byte escaped is ASCII: the cuts fall on character boundaries.
+        out.push_str(&s[plain..i]);
+        plain = i + 1;
+        let short = match b {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'\n' => 'n',
+            b'\r' => 'r',
+            b'\t' => 't',
+            0x08 => 'b',
+            0x0c => 'f',
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push_str("\\u00");
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 15)] as char);
+                continue;
+            }
+        };
+        out.push('\\');
+        out.push(short);
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
+}
+
+/// `n` in decimal, as serde_json writes an integer.
+fn write_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(d as char);
+    }
 }
 
 /// The bytes `s` takes as a JSON string, quotes included, as serde_json writes it.
@@ -288,6 +550,65 @@ mod tests {
         for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f} \u{7f}", "é ✓ 😀", ""] {
             assert_eq!(escaped_len(text), serde_json::to_string(text).unwrap().len(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn writes_a_string_as_serde_writes_it() {
+        let every_byte: String = (0u8..0x80).map(char::from).collect();
+        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f} \u{7f}", "é ✓ 😀", "", &every_byte, "\u{0}end", "start\u{1b}"] {
+            let mut out = String::new();
+            write_str(&mut out, text);
+            assert_eq!(out, serde_json::to_string(text).unwrap(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn writes_an_object_as_serde_writes_it() {
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            on: bool,
+            names: &'a [&'a str],
+        }
+        #[derive(Serialize)]
+        struct Line<'a> {
+            key: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            absent: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            present: Option<&'a str>,
+            revision: u64,
+            lines: [&'a RawValue; 2],
+            inner: Inner<'a>,
+            each: Vec<Inner<'a>>,
+            #[serde(flatten)]
+            shown: Shown<'a>,
+        }
+        let two: [&RawValue; 2] = [serde_json::from_str("{\"a\":1}").unwrap(), serde_json::from_str("[]").unwrap()];
+        let names = ["a", "b\"c"];
+        for (key, revision, bytes) in [("a.b", 0, &b"{\"x\":[1,2]}"[..]), ("q\"k", u64::MAX, b"text \n"), ("", 10, &[0xff, 0xfe]), ("n", 1234567890, b"")] {
+            let shown = Shown::of(bytes);
+            let each = [(false, &names[..1]), (true, &names[..])];
+            let written = object(0, |o| {
+                o.str("key", key);
+                o.some_str("absent", None);
+                o.some_str("present", Some(key));
+                o.u64("revision", revision);
+                o.list("lines", &two.map(|r| r.get().to_string()));
+                o.object("inner", |o| {
+                    o.bool("on", true);
+                    o.strs("names", &names[..0]);
+                });
+                o.objects("each", &each, |o, (on, names)| {
+                    o.bool("on", *on);
+                    o.strs("names", names);
+                });
+                o.shown(&shown);
+            });
+            let each = each.iter().map(|&(on, names)| Inner { on, names }).collect();
+            let line = Line { key, absent: None, present: Some(key), revision, lines: two, inner: Inner { on: true, names: &[] }, each, shown };
+            assert_eq!(written, to_json(&line));
+        }
+        assert_eq!(object(0, |_| {}), "{}");
     }
 
     #[test]

@@ -10,8 +10,10 @@ use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
 use crate::request::{self, Query, What};
 use crate::reply::PageBudget;
-use crate::value::{raw, to_json, Shown};
+use crate::value::{object, Object, Shown};
+#[cfg(any(test, feature = "schema"))]
 use serde::Serialize;
+#[cfg(any(test, feature = "schema"))]
 use serde_json::value::RawValue;
 
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
@@ -160,6 +162,7 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
 }
 
 /// One line of the answer: an entry, or a key out of shape with its reason.
+#[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketLine"))]
 pub(crate) struct Line<'a> {
@@ -172,9 +175,11 @@ pub(crate) struct Line<'a> {
 }
 
 /// What the key says, by the bucket's shape.
+#[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
+#[cfg_attr(not(test), allow(dead_code))] // (outside tests only the schema reads it)
 enum Fields<'a> {
     Registry { kind: String },
     Need(#[cfg_attr(feature = "schema", schemars(with = "keys::NeedKey"))] keys::NeedRef<'a>),
@@ -182,9 +187,11 @@ enum Fields<'a> {
     Collect(keys::CollectKey),
 }
 
+#[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
+#[cfg_attr(not(test), allow(dead_code))] // (outside tests only the schema reads it)
 enum Tail<'a> {
     Value(Shown<'a>),
     /// The rare value too large for any reply: its size instead.
@@ -193,6 +200,7 @@ enum Tail<'a> {
     Reason { reason: String },
 }
 
+#[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 struct Omitted {
@@ -201,25 +209,52 @@ struct Omitted {
 }
 
 /// The line of `e`, rendered, and whether it is out of shape; `value: false` lists an entry
-/// with its value's size instead of its value.
-fn line(what: What, e: &Entry, value: bool) -> (Box<RawValue>, bool) {
-    let fields = match what {
-        What::Registry => parse_registry(&e.key).map(|kind| Fields::Registry { kind }),
-        What::Needs => parse_need_ref(&e.key).map(Fields::Need),
+/// with its value's size instead of its value. Written by hand ([`Object`]) as serde writes
+/// [`Line`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
+fn line(what: What, e: &Entry, value: bool) -> (String, bool) {
+    let mut out = String::with_capacity(2 * e.key.len() + e.value.len().min(MAX_GUESS) + 48);
+    let mut o = Object::new(&mut out);
+    o.str("key", &e.key);
+    let shaped = match what {
+        What::Registry => parse_registry(&e.key).map(|kind| o.str("kind", &kind)),
+        What::Needs => parse_need_ref(&e.key).map(|k| {
+            o.str("node", &k.node);
+            o.str("module", &k.module);
+            o.str("kind", &k.kind);
+            o.str("name", &k.name);
+        }),
         // (`status` and `holders` list modules; never items of one bucket.)
-        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(Fields::Applied),
-        What::Collect => parse_collect(&e.key).map(Fields::Collect),
+        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(|k| {
+            o.str("node", &k.node);
+            o.str("module", &k.module);
+        }),
+        What::Collect => parse_collect(&e.key).map(|k| {
+            o.str("node", &k.node);
+            o.str("collection", &k.collection);
+            o.str("contributor", &k.contributor);
+        }),
     };
-    let (fields, tail) = match fields {
-        Ok(f) if value => (Some(f), Tail::Value(Shown::of(&e.value))),
-        Ok(f) => (Some(f), Tail::Omitted { value_omitted: Omitted { bytes: e.value.len(), reason: "larger than a reply may be" } }),
-        Err(reason) => (None, Tail::Reason { reason }),
-    };
-    let shaped = fields.is_none();
-    (raw(&Line { key: &e.key, fields, revision: e.revision, tail }), shaped)
+    o.u64("revision", e.revision);
+    match &shaped {
+        Ok(()) if value => o.shown(&Shown::of(&e.value)),
+        Ok(()) => o.object("value_omitted", |o| {
+            o.u64("bytes", e.value.len() as u64);
+            o.str("reason", OMITTED);
+        }),
+        Err(reason) => o.str("reason", reason),
+    }
+    o.end();
+    (out, shaped.is_err())
 }
 
+/// A line's guess at its value's bytes stops here (a larger value grows the line as it goes).
+const MAX_GUESS: usize = 4096;
+
+/// Why an entry lists its value's size instead of its value.
+const OMITTED: &str = "larger than a reply may be";
+
 /// A page of the answer.
+#[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketPage"))]
 pub(crate) struct Answer<'a> {
@@ -241,10 +276,10 @@ pub(crate) struct Answer<'a> {
 fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize) -> Reply {
     const ENTRIES: usize = 0;
     const OUT_OF_SHAPE: usize = 1;
-    let mut page = Answer { what: what.name(), revision, entries: Vec::new(), out_of_shape: Vec::new(), next: None };
+    let (mut entries, mut out_of_shape) = (Vec::new(), Vec::new());
     // Uncut, the page says `next` only when the scan has more: the last key found.
     let uncut = found.last().filter(|_| more).map(|e| e.key.as_str());
-    let mut room = PageBudget::new(budget, &to_json(&page), uncut);
+    let mut room = PageBudget::new(budget, &page(what, revision, &[], &[], None), uncut);
     let mut cut_at: Option<usize> = None;
     for (i, e) in found.iter().enumerate() {
         let (mut it, mut shaped) = line(what, e, true);
@@ -269,11 +304,70 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
             cut_at = Some(i);
             break;
         }
-        if shaped { page.out_of_shape.push(it) } else { page.entries.push(it) }
+        if shaped { out_of_shape.push(it) } else { entries.push(it) }
     }
     let included = cut_at.unwrap_or(found.len());
-    if (more || cut_at.is_some()) && included > 0 {
-        page.next = Some(&found[included - 1].key);
+    let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key.as_str());
+    room.finish(page(what, revision, &entries, &out_of_shape, next))
+}
+
+/// The page, written as serde writes [`Answer`] (`a_page_is_written_as_serde_writes_it`).
+fn page(what: What, revision: u64, entries: &[String], out_of_shape: &[String], next: Option<&str>) -> String {
+    let bytes: usize = entries.iter().chain(out_of_shape).map(|l| l.len() + 1).sum();
+    object(bytes + 2 * next.map_or(0, str::len) + 96, |o| {
+        o.str("what", what.name());
+        o.u64("revision", revision);
+        o.list("entries", entries);
+        o.list("out_of_shape", out_of_shape);
+        o.some_str("next", next);
+    })
+}
+
+#[cfg(test)]
+mod written {
+    use super::*;
+    use crate::value::to_json;
+
+    /// What serde writes for the line of `e`, from the structs the schema is made from.
+    fn by_serde(what: What, e: &Entry, value: bool) -> String {
+        let fields = match what {
+            What::Registry => parse_registry(&e.key).map(|kind| Fields::Registry { kind }),
+            What::Needs => parse_need_ref(&e.key).map(Fields::Need),
+            What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(Fields::Applied),
+            What::Collect => parse_collect(&e.key).map(Fields::Collect),
+        };
+        let (fields, tail) = match fields {
+            Ok(f) if value => (Some(f), Tail::Value(Shown::of(&e.value))),
+            Ok(f) => (Some(f), Tail::Omitted { value_omitted: Omitted { bytes: e.value.len(), reason: OMITTED } }),
+            Err(reason) => (None, Tail::Reason { reason }),
+        };
+        to_json(&Line { key: &e.key, fields, revision: e.revision, tail })
     }
-    room.finish(to_json(&page))
+
+    #[test]
+    fn a_line_is_written_as_serde_writes_it() {
+        let keys = ["config", "alpha.app.config.db=2Eurl", "alpha.app", "alpha.=2Fetc.web", "alpha.app.config.x.y", "al\"pha", ""];
+        let values: [&[u8]; 5] = [br#"{"placeholder":"${config:x}","part":"api"}"#, b"text \"quoted\"\n", &[0xff, 0x00], b"", b"1e999"];
+        for what in What::ALL {
+            for key in keys {
+                for value in values {
+                    for (revision, whole) in [(0, true), (u64::MAX, false)] {
+                        let e = Entry { key: key.into(), revision, value: value.to_vec() };
+                        assert_eq!(line(what, &e, whole), (by_serde(what, &e, whole), line(what, &e, whole).1), "{what:?} {key:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_page_is_written_as_serde_writes_it() {
+        let e = Entry { key: "alpha.app.config.x".into(), revision: 3, value: b"{}".to_vec() };
+        let lines = vec![line(What::Needs, &e, true).0, line(What::Needs, &e, false).0];
+        let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
+        for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
+            let want = Answer { what: "needs", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next };
+            assert_eq!(page(What::Needs, 12, entries, shapes, next), to_json(&want));
+        }
+    }
 }

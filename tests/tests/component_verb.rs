@@ -437,3 +437,38 @@ async fn a_guest_past_the_memory_budget_is_stopped_and_the_others_keep_answering
     assert!(runtime.budget().used() <= warm, "{} bytes held after, {warm} before", runtime.budget().used());
     assert_eq!(ask(br#"{"what":"registry"}"#).await.unwrap().code, ReplyCode::Ok);
 }
+
+#[tokio::test]
+async fn an_instance_whose_heap_grew_past_keep_below_is_let_go_and_one_that_did_not_is_kept() {
+    use mesh_provisioner::runtime::{Limits, Options, Runtime};
+    let bytes = std::fs::read(tests::component_path()).unwrap();
+    let small = br#"{"what":"needs","node":"alpha","module":"app"}"#;
+    let b = mesh();
+    // Values that make a page of ~1 MiB: the heap grows well past a small call's.
+    let big = MemoryBackend::new();
+    let value = format!("{{\"x\":\"{}\"}}", "v".repeat(4000));
+    for i in 0..300 {
+        big.put(NEEDS, &format!("n{i:03}.app.config.x"), value.as_bytes());
+    }
+    let large = br#"{"what":"needs","limit":1000}"#;
+    // What one instance holds after a small call, with nothing let go.
+    let measured = Runtime::with_options(Options { reply_cache: false, ..Default::default() }).unwrap();
+    let guest = measured.load(&bytes, None).unwrap();
+    assert_eq!(guest.handle(b.clone(), Limits::default(), "mesh-provisioner.provisioning", small, 1 << 20).await.unwrap().code, ReplyCode::Ok);
+    let base = measured.budget().used();
+    assert!(base > 0, "a kept instance's memory is counted");
+
+    let runtime = Runtime::with_options(Options { reply_cache: false, keep_below: base, ..Default::default() }).unwrap();
+    let guest = runtime.load(&bytes, None).unwrap();
+    for _ in 0..3 {
+        assert_eq!(guest.handle(b.clone(), Limits::default(), "mesh-provisioner.provisioning", small, 1 << 20).await.unwrap().code, ReplyCode::Ok);
+        assert_eq!(runtime.budget().used(), base, "an instance at keep_below is kept, and reused (no second one made)");
+    }
+    let r = guest.handle(big.clone(), Limits::default(), "mesh-provisioner.provisioning", large, 1 << 20).await.unwrap();
+    assert_eq!(r.code, ReplyCode::Ok);
+    assert!(r.body.len() > 512 << 10, "the large page is large: {} bytes", r.body.len());
+    assert_eq!(runtime.budget().used(), 0, "the instance that grew past keep_below was let go");
+    // The next call makes a fresh one, and answers.
+    assert_eq!(guest.handle(b.clone(), Limits::default(), "mesh-provisioner.provisioning", small, 1 << 20).await.unwrap().code, ReplyCode::Ok);
+    assert_eq!(runtime.budget().used(), base);
+}
