@@ -191,18 +191,28 @@ pub fn object(bytes: usize, fields: impl FnOnce(&mut Object)) -> String {
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes it (the characters [`escaped_byte_len`]
-/// counts as more than one byte, `\u00xx` in lower-case hex), runs of plain bytes copied whole.
+/// counts as more than one byte, `\u00xx` in lower-case hex), runs of plain bytes copied whole
+/// and looked at eight at a time ([`any_escaped`]): a line is mostly keys, names and values
+/// that escape nothing.
 pub fn write_str(out: &mut String, s: &str) {
     out.push('"');
     let bytes = s.as_bytes();
-    let mut plain = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    let (mut plain, mut i) = (0, 0);
+    while i < bytes.len() {
+        if let Some(word) = bytes.get(i..i + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+            if !any_escaped(u64::from_le_bytes(word)) {
+                i += 8;
+                continue;
+            }
+        }
+        let b = bytes[i];
+        i += 1;
         if escaped_byte_len(b) == 1 {
             continue;
         }
         // Every byte escaped is ASCII: the cuts fall on character boundaries.
-        out.push_str(&s[plain..i]);
-        plain = i + 1;
+        out.push_str(&s[plain..i - 1]);
+        plain = i;
         let short = match b {
             b'"' => '"',
             b'\\' => '\\',
@@ -224,6 +234,17 @@ pub fn write_str(out: &mut String, s: &str) {
     }
     out.push_str(&s[plain..]);
     out.push('"');
+}
+
+/// Whether any of the eight bytes of `word` is one a JSON string escapes: below 0x20, `"` or
+/// `\` (the bit tricks "has a byte less than n" and "has a zero byte", each exact as a yes or
+/// no for n up to 128).
+fn any_escaped(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v;
+    let below = word.wrapping_sub(ONES * 0x20) & !word;
+    (below | zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\')))) & HIGH != 0
 }
 
 /// `n` in decimal, as serde_json writes an integer.
@@ -459,6 +480,34 @@ mod tests {
             let mut out = String::new();
             write_str(&mut out, text);
             assert_eq!(out, serde_json::to_string(text).unwrap(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn finds_an_escaped_byte_wherever_it_is_in_a_word() {
+        for b in 0..=255u8 {
+            for at in 0..8 {
+                for filler in [b'a', 0x7f, 0x80, 0xff, b' '] {
+                    let mut word = [filler; 8];
+                    word[at] = b;
+                    let want = word.iter().any(|&b| escaped_byte_len(b) > 1);
+                    assert_eq!(any_escaped(u64::from_le_bytes(word)), want, "{word:?}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_word_is_judged_byte_by_byte(word in proptest::prelude::any::<[u8; 8]>()) {
+            proptest::prop_assert_eq!(any_escaped(u64::from_le_bytes(word)), word.iter().any(|&b| escaped_byte_len(b) > 1));
+        }
+
+        #[test]
+        fn any_text_is_written_as_serde_writes_it(text in "(\\PC|[\\x00-\\x1f\"\\\\]){0,40}") {
+            let mut out = String::new();
+            write_str(&mut out, &text);
+            proptest::prop_assert_eq!(out, serde_json::to_string(&text).unwrap());
         }
     }
 
