@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use serde::ser::{SerializeMap, Serializer};
+use serde::ser::Serializer;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -15,6 +15,7 @@ use crate::escape::is_identifier;
 use crate::keys::{parse_assignment, APPLIED, ASSIGNMENTS};
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
+use crate::value::{Flat, Object};
 use crate::registry;
 
 /// What a check found.
@@ -307,50 +308,63 @@ pub(crate) fn check(
     }
 }
 
-/// Flattened into a need or a holder: `domain` and `bucket` + `key` (or `filter`), or `domain`
-/// and `verb`; nothing for a need nowhere.
-impl Serialize for Place {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(None)?;
+impl Place {
+    /// Flattened into a need or a holder: `domain` and `bucket` + `key` (or `filter`), or
+    /// `domain` and `verb`; nothing for a need nowhere.
+    pub fn fields(&self) -> Flat<&str, 3> {
         match self {
             Place::Bucket { domain, bucket, place, filter } => {
-                m.serialize_entry("domain", domain)?;
-                m.serialize_entry("bucket", bucket)?;
-                m.serialize_entry(if *filter { "filter" } else { "key" }, place)?;
+                Flat::new().with("domain", &**domain).with("bucket", &**bucket).with(if *filter { "filter" } else { "key" }, place.as_str())
             }
-            Place::Verb { domain, verb } => {
-                m.serialize_entry("domain", domain)?;
-                m.serialize_entry("verb", verb)?;
-            }
-            Place::Nowhere => {}
+            Place::Verb { domain, verb } => Flat::new().with("domain", domain.as_str()).with("verb", verb.as_str()),
+            Place::Nowhere => Flat::new(),
         }
-        m.end()
     }
 }
 
-/// Flattened into a need: what its check found (revisions, items, responders).
-impl Serialize for Check {
+impl Serialize for Place {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(None)?;
+        self.fields().serialize(s)
+    }
+}
+
+impl Check {
+    /// Flattened into a need: what its check found (revisions, items, responders).
+    pub fn fields(&self) -> Flat<u64, 2> {
         match *self {
             Check::Present { revision, applied } => {
-                m.serialize_entry("revision", &revision)?;
-                if let Some(a) = applied {
-                    m.serialize_entry("applied_revision", &a)?;
+                let f = Flat::new().with("revision", revision);
+                match applied {
+                    Some(a) => f.with("applied_revision", a),
+                    None => f,
                 }
             }
-            Check::Stale { applied, revision } => {
-                m.serialize_entry("revision", &revision)?;
-                m.serialize_entry("applied_revision", &applied)?;
-            }
-            Check::Collected { items, revision } => {
-                m.serialize_entry("items", &items)?;
-                m.serialize_entry("revision", &revision)?;
-            }
-            Check::Answered { responders } => m.serialize_entry("responders", &responders)?,
-            _ => {}
+            Check::Stale { applied, revision } => Flat::new().with("revision", revision).with("applied_revision", applied),
+            Check::Collected { items, revision } => Flat::new().with("items", items as u64).with("revision", revision),
+            Check::Answered { responders } => Flat::new().with("responders", u64::from(responders)),
+            _ => Flat::new(),
         }
-        m.end()
+    }
+}
+
+impl Serialize for Check {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.fields().serialize(s)
+    }
+}
+
+impl Provider {
+    /// Written into a need's line as serde writes it (the derive stays, for holders and the
+    /// schema; `a_status_line_is_written_as_serde_writes_it` holds the two equal).
+    pub fn write(&self, o: &mut Object) {
+        o.str("module", &self.module);
+        o.objects("nodes", &self.nodes, |o, n| {
+            o.str("node", &n.node);
+            o.bool("applied", n.applied);
+        });
+        if self.more_nodes > 0 {
+            o.u64("more_nodes", self.more_nodes as u64);
+        }
     }
 }
 

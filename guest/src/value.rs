@@ -4,13 +4,14 @@
 //!
 //! Every answer is a `#[derive(Serialize)]` struct over the data it shows (values as
 //! [`RawValue`], never parsed into a tree); pages are cut by size, so an entry is rendered on its
-//! own ([`raw`]) and its length counted before it joins the page. The line answers have most
-//! of — an entry of a bucket's page — and its page are written by [`Object`] instead, into one
-//! string each, the same bytes as their structs' derive (which stays: the schema is made from
-//! it, and the tests hold the two equal). A status page's modules are not: written so, they
-//! measured the same as by serde (1.000× page by page), and serde's is the simpler code. A
-//! stored value is read twice (as JSON, then as a tree would) only when it could hold what a
-//! tree refuses ([`plainly_readable`]).
+//! own ([`raw`]) and its length counted before it joins the page. The two lines answers have
+//! most of — an entry of a bucket's page, a module of a status page — and their pages are
+//! written by [`Object`] instead, into one string each, the same bytes as their structs' derive
+//! (which stays: the schema is made from it, and the tests hold the two equal). What made that
+//! pay is the string writing: [`write_str`] looks at eight bytes at a time, serde_json at one
+//! (written by hand a byte at a time, a status page measured the same as by serde). A stored
+//! value is read twice (as JSON, then as a tree would) only when it could hold what a tree
+//! refuses ([`plainly_readable`]).
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
@@ -86,11 +87,11 @@ pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
-/// A JSON object written field by field into a string, for the line an answer has most of (an
-/// entry of a bucket's page): the same bytes serde's derive writes for the line's struct (which
-/// stays, for the schema and as the tests' reference), without its per-field machinery, a
-/// string grown twice, and a copy into a `RawValue` and another into the page. Objects nested in
-/// it are written into the same string.
+/// A JSON object written field by field into a string, for the lines an answer has many of
+/// (every entry of a bucket's page, every module of a status page): the same bytes serde's
+/// derive writes for the line's struct (which stays, for the schema and as the tests'
+/// reference), without its per-field machinery, a string grown twice, and a copy into a
+/// `RawValue` and another into the page. Objects nested in it are written into the same string.
 pub struct Object<'o> {
     out: &'o mut String,
     first: bool,
@@ -131,6 +132,10 @@ impl<'o> Object<'o> {
         write_u64(self.out, value);
     }
 
+    pub fn bool(&mut self, name: &'static str, value: bool) {
+        self.name(name);
+        self.out.push_str(if value { "true" } else { "false" });
+    }
 
     /// `value`, JSON text already (a line or a stored value read as JSON), as it is.
     pub fn raw(&mut self, name: &'static str, value: &str) {
@@ -151,6 +156,18 @@ impl<'o> Object<'o> {
         self.out.push(']');
     }
 
+    /// `"name":["…",…]`, each of `items` a string.
+    pub fn strs<S: AsRef<str>>(&mut self, name: &'static str, items: &[S]) {
+        self.name(name);
+        self.out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            write_str(self.out, item.as_ref());
+        }
+        self.out.push(']');
+    }
 
     /// `"name":{…}`, its fields written by `fields`.
     pub fn object(&mut self, name: &'static str, fields: impl FnOnce(&mut Object)) {
@@ -160,6 +177,20 @@ impl<'o> Object<'o> {
         o.end();
     }
 
+    /// `"name":[{…},…]`, one object for each of `items`, its fields written by `fields`.
+    pub fn objects<T>(&mut self, name: &'static str, items: &[T], mut fields: impl FnMut(&mut Object, &T)) {
+        self.name(name);
+        self.out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            let mut o = Object::new(self.out);
+            fields(&mut o, item);
+            o.end();
+        }
+        self.out.push(']');
+    }
 
     /// A stored value's fields, as [`Shown`] serializes flattened into a line.
     pub fn shown(&mut self, value: &Shown) {
@@ -178,6 +209,77 @@ impl<'o> Object<'o> {
 
     pub fn end(self) {
         self.out.push('}');
+    }
+}
+
+/// A value [`Object`] writes as a field: a string or a number.
+pub trait Scalar: Copy + Serialize {
+    fn write(self, o: &mut Object, name: &'static str);
+}
+
+impl Scalar for &str {
+    fn write(self, o: &mut Object, name: &'static str) {
+        o.str(name, self);
+    }
+}
+
+impl Scalar for u64 {
+    fn write(self, o: &mut Object, name: &'static str) {
+        o.u64(name, self);
+    }
+}
+
+/// A few fields that a type flattens into the line holding it (a need's place, what its check
+/// found), in order: serde (as a map) and [`Object`] both write from this one list, so the two
+/// writings cannot disagree.
+pub struct Flat<T, const N: usize> {
+    fields: [Option<(&'static str, T)>; N],
+}
+
+impl<T: Scalar, const N: usize> Flat<T, N> {
+    pub fn new() -> Self {
+        Flat { fields: [None; N] }
+    }
+
+    /// With the field `name` next; past `N` fields (a type's own literal list) it is dropped
+    /// in a release build, never a panic.
+    pub fn with(mut self, name: &'static str, value: T) -> Self {
+        let free = self.fields.iter_mut().find(|f| f.is_none());
+        debug_assert!(free.is_some(), "more than {N} fields flattened");
+        if let Some(slot) = free {
+            *slot = Some((name, value));
+        }
+        self
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'static str, T)> + '_ {
+        self.fields.iter().map_while(|f| *f)
+    }
+}
+
+impl<T: Scalar, const N: usize> Default for Flat<T, N> {
+    fn default() -> Self {
+        Flat::new()
+    }
+}
+
+impl<T: Scalar, const N: usize> Serialize for Flat<T, N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        for (name, value) in self.iter() {
+            m.serialize_entry(name, &value)?;
+        }
+        m.end()
+    }
+}
+
+impl Object<'_> {
+    /// The fields of `flat`, into this object as their own.
+    pub fn flat<T: Scalar, const N: usize>(&mut self, flat: &Flat<T, N>) {
+        for (name, value) in flat.iter() {
+            value.write(self, name);
+        }
     }
 }
 
@@ -514,8 +616,9 @@ mod tests {
     #[test]
     fn writes_an_object_as_serde_writes_it() {
         #[derive(Serialize)]
-        struct Inner {
-            n: u64,
+        struct Inner<'a> {
+            on: bool,
+            names: &'a [&'a str],
         }
         #[derive(Serialize)]
         struct Line<'a> {
@@ -526,23 +629,34 @@ mod tests {
             present: Option<&'a str>,
             revision: u64,
             lines: [&'a RawValue; 2],
-            inner: Inner,
+            inner: Inner<'a>,
+            each: Vec<Inner<'a>>,
             #[serde(flatten)]
             shown: Shown<'a>,
         }
         let two: [&RawValue; 2] = [serde_json::from_str("{\"a\":1}").unwrap(), serde_json::from_str("[]").unwrap()];
+        let names = ["a", "b\"c"];
         for (key, revision, bytes) in [("a.b", 0, &b"{\"x\":[1,2]}"[..]), ("q\"k", u64::MAX, b"text \n"), ("", 10, &[0xff, 0xfe]), ("n", 1234567890, b"")] {
             let shown = Shown::of(bytes);
+            let each = [(false, &names[..1]), (true, &names[..])];
             let written = object(0, |o| {
                 o.str("key", key);
                 o.some_str("absent", None);
                 o.some_str("present", Some(key));
                 o.u64("revision", revision);
                 o.list("lines", &two.map(|r| r.get().to_string()));
-                o.object("inner", |o| o.u64("n", revision));
+                o.object("inner", |o| {
+                    o.bool("on", true);
+                    o.strs("names", &names[..0]);
+                });
+                o.objects("each", &each, |o, (on, names)| {
+                    o.bool("on", *on);
+                    o.strs("names", names);
+                });
                 o.shown(&shown);
             });
-            let line = Line { key, absent: None, present: Some(key), revision, lines: two, inner: Inner { n: revision }, shown };
+            let each = each.iter().map(|&(on, names)| Inner { on, names }).collect();
+            let line = Line { key, absent: None, present: Some(key), revision, lines: two, inner: Inner { on: true, names: &[] }, each, shown };
             assert_eq!(written, to_json(&line));
         }
         assert_eq!(object(0, |_| {}), "{}");
