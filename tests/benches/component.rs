@@ -14,6 +14,19 @@ use tests::native::Native;
 const NEEDS: &str = "mesh-provisioner_needs";
 const QUERY: &[u8] = br#"{"what":"needs","node":"n0420","module":"app"}"#;
 
+/// The median of `n` timed runs of `f`.
+fn timed<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, n: usize, mut f: impl FnMut() -> F) -> Duration {
+    rt.block_on(async {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            f().await;
+            times.push(t.elapsed());
+        }
+        median(times)
+    })
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -86,6 +99,56 @@ fn main() {
             p50.as_secs_f64() * 1e6,
             p50.as_secs_f64() / native_p50.as_secs_f64(),
             mean.as_secs_f64() * 1e6
+        );
+    }
+
+    // Where a call's time goes, on an instance as served: the call alone (a request refused
+    // before any read), the two reads with nothing found (the same query over an empty bucket),
+    // the whole query; each the guest's logic natively beside it.
+    if "breakdown".contains(only.as_str()) || only.is_empty() {
+        let runtime = Runtime::with_options(Options { reply_cache: false, ..Default::default() }).expect("runtime");
+        let guest = runtime.load(&bytes, None).expect("compile");
+        let empty = MemoryBackend::new();
+        const REFUSED: &[u8] = br#"{"what":"needs","node":"-"}"#;
+        let ask = |b: &std::sync::Arc<MemoryBackend>, body: &'static [u8], code: ReplyCode| {
+            let (guest, b) = (guest.clone(), b.clone());
+            async move {
+                let r = guest.handle(b, Limits::default(), "mesh-provisioner.provisioning", body, 1 << 20).await.expect("call");
+                assert_eq!(r.code, code);
+            }
+        };
+        let info = timed(&rt, n, || {
+            let (guest, b) = (guest.clone(), backend.clone());
+            async move {
+                guest.info(b, Limits::default()).await.expect("info");
+            }
+        });
+        let refused = timed(&rt, n, || ask(&backend, REFUSED, ReplyCode::BadRequest));
+        let nothing = timed(&rt, n, || ask(&empty, QUERY, ReplyCode::Ok));
+        let whole = timed(&rt, n, || ask(&backend, QUERY, ReplyCode::Ok));
+        let native = |b: &std::sync::Arc<MemoryBackend>, body: &[u8]| {
+            let native = Native(b.clone());
+            let mut times = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                std::hint::black_box(guest::verb::handle(&native, "mesh-provisioner.provisioning", body, 1 << 20));
+                times.push(t.elapsed());
+            }
+            median(times)
+        };
+        let (n_refused, n_nothing, n_whole) = (native(&backend, REFUSED), native(&empty, QUERY), native(&backend, QUERY));
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!("where an uncached call's time goes (instance as served; the guest's logic natively beside each):");
+        println!("  an empty call (info)                          {:>6.1} µs", us(info));
+        println!("  a request refused before any read             {:>6.1} µs   (native {:.1} µs)", us(refused), us(n_refused));
+        println!("  the query over an empty bucket (two reads)    {:>6.1} µs   (native {:.1} µs)", us(nothing), us(n_nothing));
+        println!("  the query, 10 entries                         {:>6.1} µs   (native {:.1} µs)", us(whole), us(n_whole));
+        println!(
+            "  so: the call {:.1} µs, the two reads {:.1} µs, ten entries read and written {:.1} µs (of which the logic natively {:.1} µs)",
+            us(refused),
+            us(nothing.saturating_sub(refused)),
+            us(whole.saturating_sub(nothing)),
+            us(n_whole.saturating_sub(n_nothing))
         );
     }
 }
