@@ -854,37 +854,89 @@ pub fn matches(pattern: &[&str], key: &str) -> bool {
 }
 
 /// A key or filter as NATS would accept it: non-empty tokens of printable ASCII without spaces;
-/// wildcards only in filters, `>` only last.
+/// wildcards only in filters, `>` only last. Every key of a replay and of a snapshot passes
+/// here: each token is read once, byte by byte, and judged in the order the reasons are given.
 pub fn check_subject(s: &str, filter: bool) -> Result<()> {
     let bad = |why: &str| Err(Error::new(ErrorKind::Invalid, format!("{} {:?}: {why}", if filter { "filter" } else { "key" }, s.chars().take(80).collect::<String>())));
     if s.is_empty() || s.len() > MAX_SUBJECT {
         return bad("empty or too long");
     }
-    let mut tokens = s.split('.').peekable();
-    while let Some(t) = tokens.next() {
+    let b = s.as_bytes();
+    let mut i = 0;
+    loop {
+        let start = i;
+        let (mut graphic, mut wildcard) = (true, false);
+        while let Some(&c) = b.get(i).filter(|&&c| c != b'.') {
+            graphic &= c.is_ascii_graphic();
+            wildcard |= c == b'*' || c == b'>';
+            i += 1;
+        }
+        let (t, last) = (&b[start..i], i == b.len());
         if t.is_empty() {
             return bad("empty token");
         }
-        if !t.bytes().all(|b| b.is_ascii_graphic()) {
+        if !graphic {
             return bad("not printable ASCII");
         }
-        let wild = t == "*" || t == ">";
+        let wild = t == b"*" || t == b">";
         if wild && !filter {
             return bad("a key holds no wildcard");
         }
-        if t == ">" && tokens.peek().is_some() {
+        if t == b">" && !last {
             return bad("`>` must be the last token");
         }
-        if !wild && (t.contains('*') || t.contains('>')) {
+        if !wild && wildcard {
             return bad("a wildcard must be a whole token");
         }
+        if last {
+            return Ok(());
+        }
+        i += 1;
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `check_subject` as first written, token by token with a pass for each rule: the one pass
+    /// must judge every subject as it did, with the same reason.
+    fn judged_token_by_token(s: &str, filter: bool) -> std::result::Result<(), &'static str> {
+        if s.is_empty() || s.len() > MAX_SUBJECT {
+            return Err("empty or too long");
+        }
+        let mut tokens = s.split('.').peekable();
+        while let Some(t) = tokens.next() {
+            if t.is_empty() {
+                return Err("empty token");
+            }
+            if !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err("not printable ASCII");
+            }
+            let wild = t == "*" || t == ">";
+            if wild && !filter {
+                return Err("a key holds no wildcard");
+            }
+            if t == ">" && tokens.peek().is_some() {
+                return Err("`>` must be the last token");
+            }
+            if !wild && (t.contains('*') || t.contains('>')) {
+                return Err("a wildcard must be a whole token");
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn judges_any_subject_as_token_by_token(s in "[a.*> \u{7f}é]{0,8}", filter in proptest::prelude::any::<bool>()) {
+            let got = check_subject(&s, filter).map_err(|e| e.to_string());
+            match judged_token_by_token(&s, filter) {
+                Ok(()) => proptest::prop_assert!(got.is_ok(), "{:?}: {:?}", s, got),
+                Err(why) => proptest::prop_assert!(got.as_ref().is_err_and(|e| e.ends_with(why)), "{:?}: {:?}, want {}", s, got, why),
+            }
+        }
+    }
 
     fn mirror(keys: &[&str]) -> Mirror {
         let m = Mirror::new();

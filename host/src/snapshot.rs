@@ -68,6 +68,9 @@ pub struct Loaded {
     pub revision: u64,
     pub entries: usize,
     pub markers: usize,
+    /// What the load took, step by step: the file read, its checksum, its records parsed, the
+    /// mirror built from them.
+    pub took: [Duration; 4],
 }
 
 /// The snapshots of one server, in one directory of its state directory.
@@ -162,10 +165,20 @@ impl Snapshots {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(refused(&path, format!("cannot be opened: {e}"))),
         };
+        let mut took = [Duration::ZERO; 4];
+        let mut lap = Instant::now();
+        let mut step = |i: usize| {
+            took[i] = lap.elapsed();
+            lap = Instant::now();
+        };
         let mut bytes = Vec::new();
         let mut file = file;
         file.read_to_end(&mut bytes).map_err(|e| refused(&path, format!("cannot be read: {e}")))?;
-        let read = read(&bytes, bucket).map_err(|why| refused(&path, why))?;
+        step(0);
+        let body = verified(&bytes).map_err(|why| refused(&path, why))?;
+        step(1);
+        let read = parse(body, bucket).map_err(|why| refused(&path, why))?;
+        step(2);
         drop(bytes);
         if read.origin != stream.created_ns {
             return Err(refused(&path, "it is of another stream (the bucket was made anew)".into()));
@@ -174,9 +187,10 @@ impl Snapshots {
         if newest > stream.last_sequence {
             return Err(refused(&path, format!("it holds revision {newest}, past the stream's last {} (the bucket was made anew)", stream.last_sequence)));
         }
-        let loaded = Loaded { revision: read.revision, entries: read.entries.len(), markers: read.markers.len() };
+        let (revision, entries, markers) = (read.revision, read.entries.len(), read.markers.len());
         into.restore(read.entries, read.markers, read.revision, read.origin).map_err(|e| refused(&path, e.to_string()))?;
-        Ok(Some(loaded))
+        step(3);
+        Ok(Some(Loaded { revision, entries, markers, took }))
     }
 }
 
@@ -312,7 +326,13 @@ impl<'a> Cursor<'a> {
 }
 
 /// Reads a snapshot file whole: its checksum is checked before anything in it is read.
+#[cfg(test)]
 fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
+    parse(verified(file)?, bucket)
+}
+
+/// The body of a snapshot file (all before its checksum) when it is one and its checksum holds.
+fn verified(file: &[u8]) -> std::result::Result<&[u8], String> {
     if file.len() < MAGIC.len() || &file[..MAGIC.len()] != MAGIC {
         return Err("it is not a mirror snapshot".into());
     }
@@ -321,6 +341,11 @@ fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
     if Sha256::digest(body)[..] != stored[..] {
         return Err("its checksum does not match (damaged or truncated)".into());
     }
+    Ok(body)
+}
+
+/// The records of a verified body.
+fn parse(body: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
     let mut src = Cursor { rest: &body[MAGIC.len()..] };
     let version = src.u32("the header")?;
     if version != VERSION {
