@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::env::HostError;
-use crate::value::{escaped_char_len, escaped_len, to_json};
+use crate::value::{escaped_char_len, escaped_len, object, to_json};
 
 /// A reply's code (the WIT `reply-code`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +179,20 @@ impl PageBudget {
         }
         Reply { code: Code::Ok, body: body.into_bytes(), revision: None }
     }
+}
+
+/// A page of lines rendered already, as [`PageBudget`] measures it and as serde writes the page
+/// structs of `status` and of a bucket's answer (each answer's `written` tests hold it so):
+/// `what`, `revision`, `entries`, `out_of_shape`, and `next` when there is one.
+pub(crate) fn page(what: &str, revision: u64, entries: &[String], out_of_shape: &[String], next: Option<&str>) -> String {
+    let bytes: usize = entries.iter().chain(out_of_shape).map(|l| l.len() + 1).sum();
+    object(bytes + 2 * next.map_or(0, str::len) + 96, |o| {
+        o.str("what", what);
+        o.u64("revision", revision);
+        o.list("entries", entries);
+        o.list("out_of_shape", out_of_shape);
+        o.some_str("next", next);
+    })
 }
 
 /// `message`, cut so that its JSON-escaped form takes at most [`MAX_MESSAGE`] bytes.

@@ -23,7 +23,7 @@ use crate::value::{object, sources, to_json, Object};
 use serde::Serialize;
 #[cfg(any(test, feature = "schema"))]
 use serde_json::value::RawValue;
-use crate::reply::{Code, PageBudget, Reply};
+use crate::reply::{self, Code, PageBudget, Reply};
 use crate::checks::{applied_record, check, currency, Applied, Check, Checked, Currency, Place, Provider, Providers};
 use crate::modules::{join, modules};
 
@@ -439,7 +439,7 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     let page = modules(env, node, module, after, limit)?;
     let (mut entries, mut shapes): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
     // The page's revision is learned module by module: measured at its widest.
-    let frame = page_json(u64::MAX, &[], &[], None);
+    let frame = reply::page("status", u64::MAX, &[], &[], None);
     let mut room = PageBudget::new(budget, &frame, page.upto.as_deref());
     let (mut revision, mut last, mut cut) = (0u64, None::<String>, false);
     let mut asked = Asked::default();
@@ -507,19 +507,7 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
         last = Some(p);
     }
     let next = if cut { last } else { page.upto.clone() };
-    Ok(room.finish(page_json(revision, &entries, &shapes, next.as_deref())))
-}
-
-/// A page, written as serde writes [`Page`] (`a_status_page_is_written_as_serde_writes_it`).
-fn page_json(revision: u64, entries: &[String], out_of_shape: &[String], next: Option<&str>) -> String {
-    let bytes: usize = entries.iter().chain(out_of_shape).map(|l| l.len() + 1).sum();
-    object(bytes + 2 * next.map_or(0, str::len) + 96, |o| {
-        o.str("what", "status");
-        o.u64("revision", revision);
-        o.list("entries", entries);
-        o.list("out_of_shape", out_of_shape);
-        o.some_str("next", next);
-    })
+    Ok(room.finish(reply::page("status", revision, &entries, &shapes, next.as_deref())))
 }
 
 /// A module's line, written as serde writes [`Line`] (`a_status_line_is_written_as_serde_writes_it`):
@@ -861,7 +849,7 @@ mod written {
         let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
         for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
             let page = Page { what: "status", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next: next.map(str::to_string) };
-            assert_eq!(page_json(12, entries, shapes, next), to_json(&page));
+            assert_eq!(crate::reply::page("status", 12, entries, shapes, next), to_json(&page));
         }
     }
 }

@@ -41,9 +41,7 @@ pub fn field<'a>(bytes: &'a [u8], name: &str) -> Result<Option<&'a RawValue>, ()
                     let raw = map.next_value::<&RawValue>()?;
                     // Kept as it is, but read as a tree would read it (a lone surrogate in a
                     // string fails the record either way).
-                    if !plainly_readable(raw.get().as_bytes()) {
-                        serde_json::from_str::<Readable>(raw.get()).map_err(de::Error::custom)?;
-                    }
+                    read_as_a_tree(raw).map_err(de::Error::custom)?;
                     found = Some(raw);
                 } else {
                     // Read as a tree would read it (strings decoded), and dropped.
@@ -145,28 +143,12 @@ impl<'o> Object<'o> {
 
     /// `"name":[…]`, each of `items` JSON text already.
     pub fn list(&mut self, name: &'static str, items: &[String]) {
-        self.name(name);
-        self.out.push('[');
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                self.out.push(',');
-            }
-            self.out.push_str(item);
-        }
-        self.out.push(']');
+        self.items(name, items, |out, item| out.push_str(item));
     }
 
     /// `"name":["…",…]`, each of `items` a string.
     pub fn strs<S: AsRef<str>>(&mut self, name: &'static str, items: &[S]) {
-        self.name(name);
-        self.out.push('[');
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                self.out.push(',');
-            }
-            write_str(self.out, item.as_ref());
-        }
-        self.out.push(']');
+        self.items(name, items, |out, item| write_str(out, item.as_ref()));
     }
 
     /// `"name":{…}`, its fields written by `fields`.
@@ -179,15 +161,22 @@ impl<'o> Object<'o> {
 
     /// `"name":[{…},…]`, one object for each of `items`, its fields written by `fields`.
     pub fn objects<T>(&mut self, name: &'static str, items: &[T], mut fields: impl FnMut(&mut Object, &T)) {
+        self.items(name, items, |out, item| {
+            let mut o = Object::new(out);
+            fields(&mut o, item);
+            o.end();
+        });
+    }
+
+    /// `"name":[…]`, each of `items` written by `each`, commas between.
+    fn items<T>(&mut self, name: &'static str, items: &[T], mut each: impl FnMut(&mut String, &T)) {
         self.name(name);
         self.out.push('[');
         for (i, item) in items.iter().enumerate() {
             if i > 0 {
                 self.out.push(',');
             }
-            let mut o = Object::new(self.out);
-            fields(&mut o, item);
-            o.end();
+            each(self.out, item);
         }
         self.out.push(']');
     }
@@ -428,7 +417,7 @@ pub enum Shown<'a> {
 
 impl<'a> Shown<'a> {
     pub fn of(bytes: &'a [u8]) -> Self {
-        let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| readable(raw));
+        let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| read_as_a_tree(raw).is_ok());
         if let Some(raw) = readable {
             Shown::Json { value: raw }
         } else if let Ok(text) = std::str::from_utf8(bytes) {
@@ -439,9 +428,13 @@ impl<'a> Shown<'a> {
     }
 }
 
-/// Whether well-formed JSON (`raw`, as serde_json took it) is also read whole by a tree reader.
-fn readable(raw: &RawValue) -> bool {
-    plainly_readable(raw.get().as_bytes()) || serde_json::from_str::<Readable>(raw.get()).is_ok()
+/// Well-formed JSON (`raw`, as serde_json took it) read as a tree reader would read it, or why a
+/// tree refuses it; read in full only when it is not [`plainly_readable`].
+fn read_as_a_tree(raw: &RawValue) -> Result<(), serde_json::Error> {
+    if plainly_readable(raw.get().as_bytes()) {
+        return Ok(());
+    }
+    serde_json::from_str::<Readable>(raw.get()).map(|Readable| ())
 }
 
 /// Whether well-formed JSON plainly holds nothing a tree reader refuses, without reading it as

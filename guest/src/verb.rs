@@ -9,8 +9,8 @@ use crate::env::{Entry, Env, HostError};
 use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
 use crate::request::{self, Query, What};
-use crate::reply::PageBudget;
-use crate::value::{object, Object, Shown};
+use crate::reply::{page, PageBudget};
+use crate::value::{Object, Shown};
 #[cfg(any(test, feature = "schema"))]
 use serde::Serialize;
 #[cfg(any(test, feature = "schema"))]
@@ -279,7 +279,7 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
     let (mut entries, mut out_of_shape) = (Vec::new(), Vec::new());
     // Uncut, the page says `next` only when the scan has more: the last key found.
     let uncut = found.last().filter(|_| more).map(|e| e.key.as_str());
-    let mut room = PageBudget::new(budget, &page(what, revision, &[], &[], None), uncut);
+    let mut room = PageBudget::new(budget, &page(what.name(), revision, &[], &[], None), uncut);
     let mut cut_at: Option<usize> = None;
     for (i, e) in found.iter().enumerate() {
         let (mut it, mut shaped) = line(what, e, true);
@@ -308,19 +308,7 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
     }
     let included = cut_at.unwrap_or(found.len());
     let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key.as_str());
-    room.finish(page(what, revision, &entries, &out_of_shape, next))
-}
-
-/// The page, written as serde writes [`Answer`] (`a_page_is_written_as_serde_writes_it`).
-fn page(what: What, revision: u64, entries: &[String], out_of_shape: &[String], next: Option<&str>) -> String {
-    let bytes: usize = entries.iter().chain(out_of_shape).map(|l| l.len() + 1).sum();
-    object(bytes + 2 * next.map_or(0, str::len) + 96, |o| {
-        o.str("what", what.name());
-        o.u64("revision", revision);
-        o.list("entries", entries);
-        o.list("out_of_shape", out_of_shape);
-        o.some_str("next", next);
-    })
+    room.finish(page(what.name(), revision, &entries, &out_of_shape, next))
 }
 
 #[cfg(test)]
@@ -367,7 +355,7 @@ mod written {
         let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
         for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
             let want = Answer { what: "needs", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next };
-            assert_eq!(page(What::Needs, 12, entries, shapes, next), to_json(&want));
+            assert_eq!(page("needs", 12, entries, shapes, next), to_json(&want));
         }
     }
 }
