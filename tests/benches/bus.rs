@@ -534,6 +534,10 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
         println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
     }
     println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
+    // Where the replay's time went: reading the bucket, then packing what it read.
+    if let Some(line) = host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).last() {
+        println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
+    }
     println!(
         "    (the same plain watch on one thread, as the host runs: {:.2} s = {:.2}× the floor; the full replay = {:.2}× that)",
         secs(one_thread), secs(one_thread) / secs(open), secs(full) / secs(one_thread)

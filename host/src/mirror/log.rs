@@ -22,6 +22,30 @@ struct Op {
 
 const MARKER: u32 = u32::MAX;
 
+/// A log of this many messages or more is sorted on two threads ([`Log::sort`]).
+const SORT_IN_TWO_FROM: usize = 1 << 16;
+/// Keys read to choose where a log is split.
+const PIVOT_SAMPLE: usize = 255;
+
+/// Moves the ops for which `below` holds before the others; how many there are.
+fn partition(ops: &mut [Op], below: impl Fn(&Op) -> bool) -> usize {
+    let (mut first, mut last) = (0, ops.len());
+    loop {
+        while first < last && below(&ops[first]) {
+            first += 1;
+        }
+        while first < last && !below(&ops[last - 1]) {
+            last -= 1;
+        }
+        if first == last {
+            return first;
+        }
+        ops.swap(first, last - 1);
+        first += 1;
+        last -= 1;
+    }
+}
+
 /// What a replay delivered so far.
 #[derive(Default)]
 pub struct Log {
@@ -67,12 +91,44 @@ impl Log {
         &self.arena[op.at..op.at + op.key as usize]
     }
 
+    /// Sorts `ops` by key, the newest last (a key written again during the replay comes twice).
+    ///
+    /// The sort reads keys at random in an arena larger than any cache, and it is what a
+    /// replay's end waits for (at 1M keys ~150 ms of a ~260 ms packing): a large log is split
+    /// at a pivot key into the keys below it and the rest, and each side sorted on a thread of
+    /// its own. The split reads the keys in the order they were logged, the arena's own. The
+    /// replay is over by then: the bus and the runtime thread are idle.
+    fn sort(&self, ops: &mut [Op]) {
+        let by_key = |a: &Op, b: &Op| self.key(a).cmp(self.key(b)).then(a.revision.cmp(&b.revision));
+        let Some(pivot) = (ops.len() >= SORT_IN_TWO_FROM).then(|| self.pivot(ops)) else {
+            ops.sort_unstable_by(by_key);
+            return;
+        };
+        let below = partition(ops, |op| self.key(op) < pivot.as_slice());
+        let (low, high) = ops.split_at_mut(below);
+        let aside = std::thread::scope(|s| {
+            let other = std::thread::Builder::new().name("mesh-mirror-pack".into()).spawn_scoped(s, || low.sort_unstable_by(by_key));
+            high.sort_unstable_by(by_key);
+            other.map_err(|e| tracing::debug!("packing a replay on one thread: {e}")).is_ok()
+        });
+        // A thread that could not be made leaves its side to this one.
+        if !aside {
+            low.sort_unstable_by(by_key);
+        }
+    }
+
+    /// The median of keys sampled evenly over the log (a copy: the sides are sorted in place).
+    fn pivot(&self, ops: &[Op]) -> Vec<u8> {
+        let mut sample: Vec<&[u8]> = (0..PIVOT_SAMPLE).map(|i| self.key(&ops[i * ops.len() / PIVOT_SAMPLE])).collect();
+        sample.sort_unstable();
+        sample[PIVOT_SAMPLE / 2].to_vec()
+    }
+
     /// Each key's newest message, in key order: its value as an entry, or its marker. CPU work
     /// in proportion to n log n: run it off the runtime thread.
     pub fn build(mut self) -> Built {
         let mut ops = std::mem::take(&mut self.ops);
-        // By key, the newest last (a key written again during the replay comes twice).
-        ops.sort_unstable_by(|a, b| self.key(a).cmp(self.key(b)).then(a.revision.cmp(&b.revision)));
+        self.sort(&mut ops);
         let (mut entries, mut markers, mut revision) = (Sorted::with_capacity(ops.len(), self.arena.len()), Vec::new(), 0);
         for (i, op) in ops.iter().enumerate() {
             revision = revision.max(op.revision);
@@ -100,8 +156,9 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    #[test]
-    fn builds_each_keys_newest_message_in_key_order() {
+    /// Logs `messages` puts and deletes over `keys` keys (at random, multi-byte ones among
+    /// them) and checks the build against a model of what the last message of each key said.
+    fn builds_as_the_model_says(messages: u64, keys: u64) {
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -111,10 +168,9 @@ mod tests {
         };
         let mut log = Log::default();
         let mut model: BTreeMap<String, (u64, Option<Vec<u8>>)> = BTreeMap::new();
-        for revision in 1..5000u64 {
+        for revision in 1..=messages {
             let r = next();
-            // Few keys, so most come again; multi-byte ones among them.
-            let key = format!("{}.m{}.é{}", ["alpha", "beta", "b"][(r % 3) as usize], (r >> 8) % 40, (r >> 16) % 5);
+            let key = format!("{}.m{}.é{}", ["alpha", "beta", "b"][(r % 3) as usize], (r >> 8) % keys, (r >> 40) % 5);
             if (r >> 24) % 7 == 0 {
                 assert!(log.delete(&key, revision));
                 model.insert(key, (revision, None));
@@ -125,17 +181,41 @@ mod tests {
             }
         }
         let built = log.build();
-        assert_eq!(built.revision, 4999);
+        assert_eq!(built.revision, messages);
         let mut walk = built.entries.walk_from(0);
         let mut got: Vec<(String, u64, Vec<u8>)> = Vec::new();
         while let Some((_, k, rev, v)) = walk.next_record() {
             got.push((k.to_string(), rev, v.to_vec()));
         }
         let want: Vec<(String, u64, Vec<u8>)> = model.iter().filter_map(|(k, (rev, v))| Some((k.clone(), *rev, v.clone()?))).collect();
-        assert_eq!(got, want);
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "the built entries differ from the model");
         let markers: Vec<(String, u64)> = built.markers.iter().map(|(k, r)| (k.to_string(), *r)).collect();
         let want: Vec<(String, u64)> = model.iter().filter(|(_, (_, v))| v.is_none()).map(|(k, (r, _))| (k.clone(), *r)).collect();
-        assert_eq!(markers, want);
+        assert!(markers == want, "the built markers differ from the model");
+    }
+
+    #[test]
+    fn builds_each_keys_newest_message_in_key_order() {
+        // Few keys, so most come again.
+        builds_as_the_model_says(5000, 40);
+    }
+
+    #[test]
+    fn a_log_sorted_on_two_threads_builds_the_same() {
+        assert!(200_000 >= SORT_IN_TWO_FROM);
+        // Keys come again on both sides of the split, and next to it.
+        builds_as_the_model_says(200_000, 20_000);
+    }
+
+    #[test]
+    fn a_split_keeps_each_op_on_its_side_of_the_pivot() {
+        for (n, cut) in [(0, 0), (1, 0), (1, 1), (2, 1), (7, 3), (8, 8), (9, 0)] {
+            let mut ops: Vec<Op> = (0..n).map(|i| Op { revision: (i * 5 % n.max(1)) as u64, at: 0, key: 0, value: 0 }).collect();
+            let below = partition(&mut ops, |op| (op.revision as usize) < cut);
+            assert_eq!(below, cut.min(n), "{n} ops, {cut} below");
+            assert!(ops[..below].iter().all(|op| (op.revision as usize) < cut) && ops[below..].iter().all(|op| op.revision as usize >= cut));
+        }
     }
 
     #[test]

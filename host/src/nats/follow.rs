@@ -309,6 +309,7 @@ impl Follower {
                 self.record(Some(&entry.key));
                 self.events.record(bucket, &entry.key, entry.revision, deleted);
             } else if entry.delta == 0 {
+                let replayed = started.elapsed();
                 if let Some(log) = log.take() {
                     let (into, origin) = (staged.clone(), stream.created_ns);
                     let packed = tokio::task::spawn_blocking(move || {
@@ -329,7 +330,8 @@ impl Follower {
                 mirror.adopt(&staged);
                 live = true;
                 self.record(None);
-                tracing::debug!(bucket, keys = mirror.len(), elapsed = ?started.elapsed(), resumed, "mirror in sync");
+                // How long a start's replay took, and its packing, for the operator to see.
+                tracing::info!(bucket, keys = mirror.len(), ?replayed, packed = ?started.elapsed().saturating_sub(replayed), resumed, "mirror in sync");
             }
         }
         Followed::Lost(Ok(()))
