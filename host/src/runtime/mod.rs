@@ -212,6 +212,9 @@ impl Runtime {
     pub fn with_options(options: Options) -> Result<Self> {
         let mut config = Config::new();
         config.epoch_interruption(true);
+        // The component model's concurrency (async tasks, streams, futures) is not used: each
+        // call is one task on a fiber. Without it a call skips the task machinery.
+        config.concurrency_support(false);
         // For profiling only: `perf` then names the guest's functions (/tmp/perf-<pid>.map).
         if std::env::var_os("MESH_PROVISIONER_PERFMAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
