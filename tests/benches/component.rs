@@ -14,8 +14,8 @@ use tests::native::Native;
 const NEEDS: &str = "mesh-provisioner_needs";
 const QUERY: &[u8] = br#"{"what":"needs","node":"n0420","module":"app"}"#;
 
-/// The median of `n` timed runs of `f`.
-fn timed<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, n: usize, mut f: impl FnMut() -> F) -> Duration {
+/// The times of `n` runs of `f`.
+fn samples<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, n: usize, mut f: impl FnMut() -> F) -> Vec<Duration> {
     rt.block_on(async {
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
@@ -23,8 +23,13 @@ fn timed<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, n: u
             f().await;
             times.push(t.elapsed());
         }
-        median(times)
+        times
     })
+}
+
+/// The median of `n` timed runs of `f`.
+fn timed<F: std::future::Future<Output = ()>>(rt: &tokio::runtime::Runtime, n: usize, f: impl FnMut() -> F) -> Duration {
+    median(samples(rt, n, f))
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -71,26 +76,20 @@ fn main() {
         }
         let runtime = Runtime::with_options(options).expect("runtime");
         let guest = runtime.load(&bytes, None).expect("compile");
-        let times = rt.block_on(async {
-            let mut times = Vec::with_capacity(n);
-            for _ in 0..n {
-                let t = Instant::now();
-                let r = guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", QUERY, 1 << 20).await.expect("call");
-                times.push(t.elapsed());
+        let times = samples(&rt, n, || {
+            let (guest, b) = (guest.clone(), backend.clone());
+            async move {
+                let r = guest.handle(b, Limits::default(), "mesh-provisioner.provisioning", QUERY, 1 << 20).await.expect("call");
                 assert_eq!(r.code, ReplyCode::Ok);
             }
-            times
         });
         let mean = times.iter().sum::<Duration>() / times.len().max(1) as u32;
         let p50 = median(times);
-        let floor = rt.block_on(async {
-            let mut times = Vec::with_capacity(n);
-            for _ in 0..n {
-                let t = Instant::now();
-                guest.info(backend.clone(), Limits::default()).await.expect("info");
-                times.push(t.elapsed());
+        let floor = timed(&rt, n, || {
+            let (guest, b) = (guest.clone(), backend.clone());
+            async move {
+                guest.info(b, Limits::default()).await.expect("info");
             }
-            median(times)
         });
         println!("{:<44} {:>10.1} µs   (an empty call: the floor)", format!("  {name}: info()"), floor.as_secs_f64() * 1e6);
         println!("{:<44} {:>10.1} MiB", format!("  {name}: memory the kept instances hold"), runtime.budget().used() as f64 / (1 << 20) as f64);
