@@ -443,7 +443,51 @@ fn read_as_a_tree(raw: &RawValue) -> Result<(), serde_json::Error> {
 /// followed by `e`/`E`, and no run of 300 digits, there is neither. `false` says only "read it
 /// in full" (a string `"v1e"` is fine, and is read in full): most values of a mesh are plain,
 /// and this one pass costs a fraction of the reading it saves.
+///
+/// The bytes are looked at eight at a time: a word without a backslash, an `e` or an `E` needs
+/// no byte of its own looked at. A run of 300 digits holds at least [`DIGIT_WORDS`] whole words
+/// of digits in a row, so only a value with such a stretch is read again byte by byte
+/// ([`plainly_readable_bytewise`], the rule as stated).
 fn plainly_readable(json: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let digit_before = |i: usize| i > 0 && json[i - 1].is_ascii_digit();
+    let words = json.chunks_exact(8);
+    let tail = words.remainder();
+    let mut digit_words = 0;
+    for (w, word) in words.enumerate() {
+        let word_at = w * 8;
+        let v = u64::from_le_bytes([word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7]]);
+        if has_zero(v ^ (ONES * u64::from(b'\\'))) {
+            return false;
+        }
+        // `e` and `E` differ in the 0x20 bit only, and no other byte becomes `e` when it is set.
+        if has_zero((v | (ONES * 0x20)) ^ (ONES * u64::from(b'e'))) {
+            let exponent = word.iter().enumerate().any(|(j, &b)| b | 0x20 == b'e' && digit_before(word_at + j));
+            if exponent {
+                return false;
+            }
+        }
+        // All eight ASCII, none below '0', none above '9'.
+        let digits = v & HIGH == 0
+            && v.wrapping_add(ONES * (0x80 - 0x30)) & HIGH == HIGH
+            && v.wrapping_add(ONES * (0x80 - 0x3a)) & HIGH == 0;
+        digit_words = if digits { digit_words + 1 } else { 0 };
+        if digit_words == DIGIT_WORDS {
+            return plainly_readable_bytewise(json);
+        }
+    }
+    let tail_at = json.len() - tail.len();
+    tail.iter().enumerate().all(|(j, &b)| b != b'\\' && !(b | 0x20 == b'e' && digit_before(tail_at + j)))
+}
+
+/// Whole eight-byte words of digits in a row that any run of 300 digits covers: its first word
+/// may hold as few as one of them, which leaves at least 293 from a word's start, 36 whole words.
+const DIGIT_WORDS: usize = 36;
+
+/// [`plainly_readable`] one byte at a time: the rule as stated.
+fn plainly_readable_bytewise(json: &[u8]) -> bool {
     let mut digits = 0;
     for &b in json {
         match b {
@@ -714,6 +758,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn finds_a_run_of_300_digits_wherever_it_starts() {
+        for at in 0..16 {
+            for run in 280..=310 {
+                for (before, after) in [("", ""), ("[", "]"), ("\"", "\""), ("1", "e")] {
+                    let text = format!("{before}{}{}{}{after}", " ".repeat(at), "7".repeat(run), " ".repeat(at % 5));
+                    assert_eq!(plainly_readable(text.as_bytes()), plainly_readable_bytewise(text.as_bytes()), "{text}");
+                }
+            }
+        }
+        assert!(!plainly_readable("7".repeat(300).as_bytes()) && plainly_readable("7".repeat(299).as_bytes()));
+    }
+
     proptest::proptest! {
         #[test]
         fn a_plain_value_is_one_a_tree_reads(
@@ -727,6 +784,16 @@ mod tests {
             if plainly_readable(text.as_bytes()) && serde_json::from_str::<&RawValue>(&text).is_ok() {
                 proptest::prop_assert!(read_in_full(&text), "{}", text);
             }
+        }
+
+        #[test]
+        fn reads_eight_bytes_at_a_time_as_one_at_a_time(
+            parts in proptest::collection::vec(proptest::prop_oneof![
+                "[0-9]{1,12}", "[eE\\\\]", "[ -~]{0,9}", "[a-f\u{80}-\u{3ff}]{0,3}", proptest::strategy::Just("9".repeat(297)),
+            ], 0..12),
+        ) {
+            let text = parts.concat();
+            proptest::prop_assert_eq!(plainly_readable(text.as_bytes()), plainly_readable_bytewise(text.as_bytes()), "{}", text);
         }
 
         #[test]
