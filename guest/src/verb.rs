@@ -212,7 +212,7 @@ struct Omitted {
 /// with its value's size instead of its value. Written by hand ([`Object`]) as serde writes
 /// [`Line`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
 fn line(what: What, e: &Entry, value: bool) -> (String, bool) {
-    let mut out = String::with_capacity(2 * e.key.len() + e.value.len().min(MAX_GUESS) + 48);
+    let mut out = String::with_capacity(line_guess(e));
     let mut o = Object::new(&mut out);
     o.str("key", &e.key);
     let shaped = match what {
@@ -249,6 +249,14 @@ fn line(what: What, e: &Entry, value: bool) -> (String, bool) {
 
 /// A line's guess at its value's bytes stops here (a larger value grows the line as it goes).
 const MAX_GUESS: usize = 4096;
+
+/// The bytes a line is first given: the key twice (as itself and as its tokens), the value, and
+/// the fields' names, quotes and a revision of twenty digits (at most 112 together). A key or
+/// value with bytes to escape grows the line past it; a plain one never makes it grow, which
+/// would copy it whole.
+fn line_guess(e: &Entry) -> usize {
+    2 * e.key.len() + e.value.len().min(MAX_GUESS) + 112
+}
 
 /// Why an entry lists its value's size instead of its value.
 const OMITTED: &str = "larger than a reply may be";
@@ -332,6 +340,27 @@ mod written {
         };
         let out_of_shape = fields.is_none();
         (to_json(&Line { key: &e.key, fields, revision: e.revision, tail }), out_of_shape)
+    }
+
+    #[test]
+    fn a_line_of_plain_parts_fits_in_its_first_guess() {
+        let value = br#"{"placeholder":"${config:x}","part":"api"}"#.to_vec();
+        let big = vec![b'7'; 5000];
+        let cases = [
+            (What::Needs, "alpha.app.config.db_url", &value),
+            (What::Needs, "a.b.c.d", &big),
+            (What::Applied, "alpha.app", &value),
+            (What::Collect, "alpha.metrics.beta", &value),
+            (What::Registry, "config", &value),
+            (What::Needs, "a.b", &value),
+        ];
+        for (what, key, value) in cases {
+            for (shown, revision) in [(true, u64::MAX), (false, u64::MAX), (true, 0)] {
+                let e = Entry { key: key.into(), revision, value: value.clone() };
+                let (text, _) = line(what, &e, shown);
+                assert!(text.len() <= line_guess(&e) || value.len() > MAX_GUESS, "{text} is {} bytes, guessed {}", text.len(), line_guess(&e));
+            }
+        }
     }
 
     #[test]
