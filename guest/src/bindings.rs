@@ -46,7 +46,7 @@ impl Env for Imports {
 
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
         let p = store::scan(bucket, filter, after, limit).map_err(host_error)?;
-        Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+        Page::from_parts(p.keys, p.values, p.lengths, p.revisions, p.more, p.revision).map_err(|why| HostError::Corrupt(format!("a page of {bucket}: {why}")))
     }
 
     fn exists(&self, bucket: &str) -> Result<bool, HostError> {

@@ -49,12 +49,12 @@ impl Env for MemEnv {
             if after.is_some_and(|a| k.as_str() <= a) || !crate::holders::matches(filter, k) {
                 continue;
             }
-            if page.entries.len() == limit as usize {
+            if page.len() == limit as usize {
                 page.more = true;
                 break;
             }
             page.revision = page.revision.max(*r);
-            page.entries.push(Entry { key: k.clone(), revision: *r, value: v.clone() });
+            page.push(k, *r, v);
         }
         Ok(page)
     }

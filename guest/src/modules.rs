@@ -73,14 +73,14 @@ pub(crate) struct Source {
 /// the page's order, so the first `limit + 1` after `after` are exactly its share.
 pub(crate) fn keyed_by_pair(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Source, HostError> {
     let page = env.scan(bucket, filter, after, limit + 1)?;
-    let found: Vec<Pair> = page.entries.iter().filter_map(|e| parse_assignment(&e.key).ok().map(|k| (k.node, k.module))).collect();
-    let horizon = page.more.then(|| page.entries.last().map(|e| e.key.clone())).flatten();
+    let found: Vec<Pair> = page.entries().filter_map(|e| parse_assignment(e.key).ok().map(|k| (k.node, k.module))).collect();
+    let horizon = page.more.then(|| page.last().map(|e| e.key.to_string())).flatten();
     Ok(Source { found, horizon })
 }
 
 /// Whether `bucket` holds any key matching `filter`.
 fn any(env: &dyn Env, bucket: &str, filter: &str) -> Result<bool, HostError> {
-    Ok(!env.scan(bucket, filter, None, 1)?.entries.is_empty())
+    Ok(!env.scan(bucket, filter, None, 1)?.is_empty())
 }
 
 /// The node and module a key names, borrowed from it where they can be.
@@ -115,9 +115,9 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
     let beyond = |p: &Pair| after.is_none_or(|a| cmp_at(p, a).is_gt());
     while found.len() <= limit as usize && read < MAX_NEEDS_READ {
         let page = env.scan(bucket, filter, cursor.as_deref(), 1000)?;
-        read += page.entries.len();
-        for e in &page.entries {
-            let Some((n, m)) = module_of(&e.key) else { continue };
+        read += page.len();
+        for e in page.entries() {
+            let Some((n, m)) = module_of(e.key) else { continue };
             // The last module found again (its next key): nothing to build.
             if found.last().is_some_and(|(ln, lm)| *ln == *n && *lm == *m) {
                 continue;
@@ -127,8 +127,8 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
                 found.push(p);
             }
         }
-        match (page.more, page.entries.last()) {
-            (true, Some(last)) => cursor = Some(last.key.clone()),
+        match (page.more, page.last()) {
+            (true, Some(last)) => cursor = Some(last.key.to_string()),
             _ => {
                 complete = true;
                 break;
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn a_page_sorts_by_the_joined_name_not_by_node_then_module() {
         // '-' sorts before '.': `a-b.x` comes before `a.y`, though node `a` is before `a-b`.
-        let mut pairs = vec![("a".to_string(), "y".to_string()), ("a-b".to_string(), "x".to_string())];
+        let mut pairs = [("a".to_string(), "y".to_string()), ("a-b".to_string(), "x".to_string())];
         pairs.sort_by(cmp_pairs);
         assert_eq!(pairs[0].0, "a-b");
         assert!(cmp_at(&pairs[1], "a-b.x").is_gt());

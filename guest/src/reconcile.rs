@@ -30,8 +30,8 @@ pub fn scan_after(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>
     let mut after: Option<String> = after.map(str::to_string);
     loop {
         let page = env.scan(bucket, filter, after.as_deref(), 1000)?;
-        let last = page.entries.last().map(|e| e.key.clone());
-        all.extend(page.entries);
+        let last = page.last().map(|e| e.key.to_string());
+        all.extend(page.entries().map(|e| e.owned()));
         match (page.more, last) {
             (true, Some(last)) => after = Some(last),
             _ => return Ok(all),

@@ -118,9 +118,9 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
     sweeps.dedup_by(|later, earlier| later.0 == earlier.0);
     for (bucket, after) in sweeps {
         let page = env.scan(&bucket, ">", after.as_deref(), SWEEP_PAGE)?;
-        pairs.extend(page.entries.iter().filter_map(|e| pair(&bucket, &e.key)));
-        if let (true, Some(last)) = (page.more, page.entries.last()) {
-            report.rest.push(continuation(&bucket, &last.key));
+        pairs.extend(page.entries().filter_map(|e| pair(&bucket, e.key)));
+        if let (true, Some(last)) = (page.more, page.last()) {
+            report.rest.push(continuation(&bucket, last.key));
         }
     }
     let mut pairs = pairs.into_iter();

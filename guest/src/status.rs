@@ -405,16 +405,16 @@ fn orphans(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Optio
         let mut cursor = after.map(str::to_string);
         'pairs: loop {
             let page = env.scan(bucket, &pairs, cursor.as_deref(), 1000)?;
-            for e in &page.entries {
-                if !within(&e.key) {
+            for e in page.entries() {
+                if !within(e.key) {
                     break 'pairs;
                 }
-                if let (Err(reason), true) = (parse_module_key(bucket, &e.key), beyond(&e.key)) {
-                    out.push((e.key.clone(), OutOfShape { bucket, key: e.key.clone(), revision: e.revision, reason }));
+                if let (Err(reason), true) = (parse_module_key(bucket, e.key), beyond(e.key)) {
+                    out.push((e.key.to_string(), OutOfShape { bucket, key: e.key.to_string(), revision: e.revision, reason }));
                 }
             }
-            match (page.more, page.entries.last()) {
-                (true, Some(l)) => cursor = Some(l.key.clone()),
+            match (page.more, page.last()) {
+                (true, Some(l)) => cursor = Some(l.key.to_string()),
                 _ => break,
             }
         }

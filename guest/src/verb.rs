@@ -5,7 +5,7 @@
 //! are cut by `limit` and by the reply's byte budget, whichever comes first, and `next` says
 //! where the following page starts.
 
-use crate::env::{Entry, Env, HostError};
+use crate::env::{Entry, EntryRef, Env, HostError, Page};
 use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
 use crate::request::{self, Query, What};
@@ -106,38 +106,29 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
         (_, None) => return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget),
     };
     let after = q.after.as_deref();
-    let mut found: Vec<Entry> = Vec::new();
-    let (mut more, mut revision, mut scanned) = (false, 0, false);
-    // The last key a part read up to, when it has more: nothing past the lowest such key is
-    // known complete (a host may end a page early, by bytes, not only at `limit`).
-    let mut horizon: Option<String> = None;
+    let (mut got, mut pages) = (Vec::new(), Vec::new());
     for part in scope.parts() {
         match part {
             Part::Key(key) => {
                 if after.is_some_and(|a| key.as_str() <= a) {
                     continue;
                 }
-                found.extend(env.get(scope.bucket, &key)?);
+                got.extend(env.get(scope.bucket, &key)?);
             }
-            Part::Filter(filter) => {
-                let page = env.scan(scope.bucket, &filter, after, q.limit)?;
-                if page.more {
-                    more = true;
-                    if let Some(last) = page.entries.last() {
-                        horizon = Some(horizon.map_or(last.key.clone(), |h| h.min(last.key.clone())));
-                    }
-                }
-                revision = revision.max(page.revision);
-                scanned = true;
-                found.extend(page.entries);
-            }
+            Part::Filter(filter) => pages.push(env.scan(scope.bucket, &filter, after, q.limit)?),
         }
     }
+    let mut found: Vec<EntryRef> = got.iter().map(Entry::borrowed).chain(pages.iter().flat_map(Page::entries)).collect();
+    let mut more = pages.iter().any(|p| p.more);
+    let revision = pages.iter().map(|p| p.revision).max().unwrap_or(0);
+    // The last key a part read up to, when it has more: nothing past the lowest such key is
+    // known complete (a host may end a page early, by bytes, not only at `limit`).
+    let horizon = pages.iter().filter(|p| p.more).filter_map(Page::last).map(|e| e.key).min();
     // The parts are disjoint, each in key order with at most `limit` keys: the first `limit` of
     // their union are the page, and anything cut here is more.
-    found.sort_by(|a, b| a.key.cmp(&b.key));
-    if let Some(h) = &horizon {
-        found.retain(|e| e.key <= *h);
+    found.sort_by(|a, b| a.key.cmp(b.key));
+    if let Some(h) = horizon {
+        found.retain(|e| e.key <= h);
     }
     if found.len() > q.limit as usize {
         found.truncate(q.limit as usize);
@@ -147,7 +138,7 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
     // past writes to the bucket outside its scope, with the revision moved on.
     let floor = found.iter().map(|e| e.revision).max().unwrap_or(0);
     let page = render(q.what, revision.max(floor), &found, more, budget);
-    Ok(page.revision_at(q.what.name(), floor, scanned.then_some(scope.bucket), budget))
+    Ok(page.revision_at(q.what.name(), floor, (!pages.is_empty()).then_some(scope.bucket), budget))
 }
 
 /// The plan of `module` on `node`, whole: a plan is not paged, so one too large for a reply is
@@ -211,24 +202,24 @@ struct Omitted {
 /// The line of `e`, rendered, and whether it is out of shape; `value: false` lists an entry
 /// with its value's size instead of its value. Written by hand ([`Object`]) as serde writes
 /// [`Line`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
-fn line(what: What, e: &Entry, value: bool) -> (String, bool) {
+fn line(what: What, e: &EntryRef, value: bool) -> (String, bool) {
     let mut out = String::with_capacity(line_guess(e));
     let mut o = Object::new(&mut out);
-    o.str("key", &e.key);
+    o.str("key", e.key);
     let shaped = match what {
-        What::Registry => parse_registry(&e.key).map(|kind| o.str("kind", &kind)),
-        What::Needs => parse_need_ref(&e.key).map(|k| {
+        What::Registry => parse_registry(e.key).map(|kind| o.str("kind", &kind)),
+        What::Needs => parse_need_ref(e.key).map(|k| {
             o.str("node", &k.node);
             o.str("module", &k.module);
             o.str("kind", &k.kind);
             o.str("name", &k.name);
         }),
         // (`status` and `holders` list modules; never items of one bucket.)
-        What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(|k| {
+        What::Applied | What::Status | What::Holders => parse_applied(e.key).map(|k| {
             o.str("node", &k.node);
             o.str("module", &k.module);
         }),
-        What::Collect => parse_collect(&e.key).map(|k| {
+        What::Collect => parse_collect(e.key).map(|k| {
             o.str("node", &k.node);
             o.str("collection", &k.collection);
             o.str("contributor", &k.contributor);
@@ -236,7 +227,7 @@ fn line(what: What, e: &Entry, value: bool) -> (String, bool) {
     };
     o.u64("revision", e.revision);
     match &shaped {
-        Ok(()) if value => o.shown(&Shown::of(&e.value)),
+        Ok(()) if value => o.shown(&Shown::of(e.value)),
         Ok(()) => o.object("value_omitted", |o| {
             o.u64("bytes", e.value.len() as u64);
             o.str("reason", OMITTED);
@@ -254,7 +245,7 @@ const MAX_GUESS: usize = 4096;
 /// the fields' names, quotes and a revision of twenty digits (at most 112 together). A key or
 /// value with bytes to escape grows the line past it; a plain one never makes it grow, which
 /// would copy it whole.
-fn line_guess(e: &Entry) -> usize {
+fn line_guess(e: &EntryRef) -> usize {
     2 * e.key.len() + e.value.len().min(MAX_GUESS) + 112
 }
 
@@ -281,21 +272,21 @@ pub(crate) struct Answer<'a> {
     next: Option<&'a str>,
 }
 
-fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize) -> Reply {
+fn render(what: What, revision: u64, found: &[EntryRef], more: bool, budget: usize) -> Reply {
     const ENTRIES: usize = 0;
     const OUT_OF_SHAPE: usize = 1;
     let (mut entries, mut out_of_shape) = (Vec::new(), Vec::new());
     // Uncut, the page says `next` only when the scan has more: the last key found.
-    let uncut = found.last().filter(|_| more).map(|e| e.key.as_str());
+    let uncut = found.last().filter(|_| more).map(|e| e.key);
     let mut room = PageBudget::new(budget, &page(what.name(), revision, &[], &[], None), uncut);
     let mut cut_at: Option<usize> = None;
     for (i, e) in found.iter().enumerate() {
         let (mut it, mut shaped) = line(what, e, true);
         let list = |shaped: bool| if shaped { OUT_OF_SHAPE } else { ENTRIES };
-        let mut fits = room.take(&[(list(shaped), &it)], &e.key);
+        let mut fits = room.take(&[(list(shaped), &it)], e.key);
         if !fits && i == 0 {
             (it, shaped) = line(what, e, false);
-            fits = room.take(&[(list(shaped), &it)], &e.key);
+            fits = room.take(&[(list(shaped), &it)], e.key);
         }
         if !fits {
             if i == 0 {
@@ -304,7 +295,7 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
                 // server's max_payload.
                 let why = format!(
                     "the key {:?} ({} bytes) cannot be listed within a reply of {budget} bytes; raise the server's max_payload or remove the key",
-                    crate::escape::shorten(&e.key),
+                    crate::escape::shorten(e.key),
                     e.key.len()
                 );
                 return Reply::error(Code::Internal, &why);
@@ -315,7 +306,7 @@ fn render(what: What, revision: u64, found: &[Entry], more: bool, budget: usize)
         if shaped { out_of_shape.push(it) } else { entries.push(it) }
     }
     let included = cut_at.unwrap_or(found.len());
-    let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key.as_str());
+    let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key);
     room.finish(page(what.name(), revision, &entries, &out_of_shape, next))
 }
 
@@ -357,8 +348,8 @@ mod written {
         for (what, key, value) in cases {
             for (shown, revision) in [(true, u64::MAX), (false, u64::MAX), (true, 0)] {
                 let e = Entry { key: key.into(), revision, value: value.clone() };
-                let (text, _) = line(what, &e, shown);
-                assert!(text.len() <= line_guess(&e) || value.len() > MAX_GUESS, "{text} is {} bytes, guessed {}", text.len(), line_guess(&e));
+                let (text, _) = line(what, &e.borrowed(), shown);
+                assert!(text.len() <= line_guess(&e.borrowed()) || value.len() > MAX_GUESS, "{text} is {} bytes, guessed {}", text.len(), line_guess(&e.borrowed()));
             }
         }
     }
@@ -372,7 +363,7 @@ mod written {
                 for value in values {
                     for (revision, whole) in [(0, true), (u64::MAX, false)] {
                         let e = Entry { key: key.into(), revision, value: value.to_vec() };
-                        assert_eq!(line(what, &e, whole), by_serde(what, &e, whole), "{what:?} {key:?}");
+                        assert_eq!(line(what, &e.borrowed(), whole), by_serde(what, &e, whole), "{what:?} {key:?}");
                     }
                 }
             }
@@ -382,7 +373,7 @@ mod written {
     #[test]
     fn a_page_is_written_as_serde_writes_it() {
         let e = Entry { key: "alpha.app.config.x".into(), revision: 3, value: b"{}".to_vec() };
-        let lines = vec![line(What::Needs, &e, true).0, line(What::Needs, &e, false).0];
+        let lines = [line(What::Needs, &e.borrowed(), true).0, line(What::Needs, &e.borrowed(), false).0];
         let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
         for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
             let want = Answer { what: "needs", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next };

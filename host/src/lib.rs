@@ -44,4 +44,4 @@ pub mod trust;
 pub mod verify;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.7.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.8.0";

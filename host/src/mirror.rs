@@ -102,14 +102,19 @@ pub struct Entry {
     pub value: Vec<u8>,
 }
 
-/// One page of a scan.
+/// One page of a scan, laid out as the guest receives it (the WIT `page`): the keys end to end
+/// in one string, the values in one buffer, and for each entry its key's and value's lengths
+/// and its revision. A page is then four allocations and four copies into the guest, however
+/// many entries it holds; only the guest cuts it into entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Page {
-    pub entries: Vec<Entry>,
+    pub keys: String,
+    pub values: Vec<u8>,
+    /// Two for each entry: its key's length in `keys`, then its value's in `values`.
+    pub lengths: Vec<u32>,
+    pub revisions: Vec<u64>,
     pub more: bool,
     pub revision: u64,
-    /// The bytes (keys and values) of `entries`.
-    bytes: usize,
 }
 
 /// Most token indexes one mirror builds (each a slot per key): positions 1–3 and the last.
@@ -732,7 +737,7 @@ impl Mirror {
             }
         }
         let s = self.read();
-        let mut page = Page { revision: s.revision, ..Page::default() };
+        let mut page = Page::new(s.revision, limit);
         let Some(candidates) = s.table.by_token(slot, token, after) else {
             drop(s);
             // (Only when every index a mirror may build is taken: never with the slots chosen.)
@@ -760,7 +765,7 @@ impl Mirror {
             Some(a) if a >= prefix => Bound::Excluded(a),
             _ => Bound::Included(prefix),
         };
-        let mut page = Page { revision: s.revision, ..Page::default() };
+        let mut page = Page::new(s.revision, limit);
         let mut visited = 0;
         for (key, revision, value) in s.table.range(start) {
             visited += 1;
@@ -805,23 +810,53 @@ fn index_for<'a>(pattern: &[&'a str]) -> Option<(Slot, &'a str)> {
 }
 
 impl Page {
+    /// An empty page of a scan of at most `limit` entries, at `revision`, with room for the
+    /// first few entries made at once (it grows past them).
+    fn new(revision: u64, limit: usize) -> Page {
+        let room = limit.min(PAGE_ROOM);
+        Page {
+            keys: String::with_capacity(room * 48),
+            values: Vec::with_capacity(room * 64),
+            lengths: Vec::with_capacity(2 * room),
+            revisions: Vec::with_capacity(room),
+            more: false,
+            revision,
+        }
+    }
+
+    /// How many entries the page holds.
+    pub fn len(&self) -> usize {
+        self.revisions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.revisions.is_empty()
+    }
+
     /// Adds the entry unless the page is full by count or by bytes (then marks it `more`);
     /// whether it was added.
     fn offer(&mut self, key: &str, revision: u64, value: &[u8], limit: usize) -> bool {
-        if self.entries.len() == limit || self.full(key, value) {
+        if self.len() == limit || self.full(key, value) {
             self.more = true;
             return false;
         }
-        self.bytes += key.len() + value.len();
-        self.entries.push(Entry { key: key.to_string(), revision, value: value.to_vec() });
+        self.keys.push_str(key);
+        self.values.extend_from_slice(value);
+        // A NATS message is at most 64 MiB; a length that did not fit would make the guest
+        // refuse the page (its lengths would not add up), never misread it.
+        self.lengths.extend([key.len(), value.len()].map(|n| u32::try_from(n).unwrap_or(u32::MAX)));
+        self.revisions.push(revision);
         true
     }
 
     /// Whether adding this entry would take the page past [`MAX_PAGE_BYTES`] (never the first).
     fn full(&self, key: &str, value: &[u8]) -> bool {
-        !self.entries.is_empty() && self.bytes + key.len() + value.len() > MAX_PAGE_BYTES
+        !self.is_empty() && self.keys.len() + self.values.len() + key.len() + value.len() > MAX_PAGE_BYTES
     }
 }
+
+/// Entries a page has room for when it is made.
+const PAGE_ROOM: usize = 16;
 
 /// The tokens before the first wildcard, with their trailing dot: every match starts with it.
 fn literal_prefix(pattern: &[&str]) -> String {
@@ -899,6 +934,21 @@ pub fn check_subject(s: &str, filter: bool) -> Result<()> {
 mod tests {
     use super::*;
 
+    impl Page {
+        /// The page cut into its entries by its lengths, as the guest cuts it.
+        fn entries(&self) -> Vec<Entry> {
+            let (mut k, mut v) = (0, 0);
+            let mut out = Vec::new();
+            for (pair, revision) in self.lengths.chunks_exact(2).zip(&self.revisions) {
+                let (kl, vl) = (pair[0] as usize, pair[1] as usize);
+                out.push(Entry { key: self.keys[k..k + kl].to_string(), revision: *revision, value: self.values[v..v + vl].to_vec() });
+                (k, v) = (k + kl, v + vl);
+            }
+            assert_eq!((k, v, self.lengths.len()), (self.keys.len(), self.values.len(), 2 * self.revisions.len()), "a page cut whole");
+            out
+        }
+    }
+
     /// `check_subject` as first written, token by token with a pass for each rule: the one pass
     /// must judge every subject as it did, with the same reason.
     fn judged_token_by_token(s: &str, filter: bool) -> std::result::Result<(), &'static str> {
@@ -946,8 +996,8 @@ mod tests {
         m
     }
 
-    fn keys(p: &Page) -> Vec<&str> {
-        p.entries.iter().map(|e| e.key.as_str()).collect()
+    fn keys(p: &Page) -> Vec<String> {
+        p.entries().into_iter().map(|e| e.key).collect()
     }
 
     #[test]
@@ -976,7 +1026,7 @@ mod tests {
     fn building_an_index_keeps_the_version_its_contents_have() {
         let m = mirror(&["alpha.app", "beta.app", "beta.web"]);
         let v = m.version();
-        let keys: Vec<String> = m.scan("*.app", None, 10).unwrap().entries.into_iter().map(|e| e.key.to_string()).collect();
+        let keys: Vec<String> = m.scan("*.app", None, 10).unwrap().entries().into_iter().map(|e| e.key.to_string()).collect();
         assert_eq!(keys, ["alpha.app", "beta.app"]);
         assert_eq!(m.version(), v, "an index is not a change: a reply kept over these contents stays good");
         m.put("gamma.app", 9, b"x");
@@ -1012,7 +1062,7 @@ mod tests {
         assert_eq!(keys(&m.scan("alpha.app.>", None, 10).unwrap()), ["alpha.app.a", "alpha.app.b"]);
         assert_eq!(keys(&m.scan("*.app.*", None, 10).unwrap()), ["alpha.app.a", "alpha.app.b"]);
         let p = m.scan(">", None, 2).unwrap();
-        assert_eq!((keys(&p), p.more, p.revision), (vec!["alpha.app", "alpha.app.a"], true, 5));
+        assert_eq!((keys(&p), p.more, p.revision), (vec!["alpha.app".to_string(), "alpha.app.a".into()], true, 5));
         assert_eq!(keys(&m.scan(">", Some("alpha.apx.a"), 10).unwrap()), ["beta.x.y"]);
     }
 
@@ -1028,17 +1078,17 @@ mod tests {
         assert!(m.visited() - before <= 4, "visited {}", m.visited() - before);
         // Paged, and kept up to date after it was built.
         let p = m.scan("*.*.bound.pg=2Edb", None, 1).unwrap();
-        assert_eq!((keys(&p), p.more), (vec!["alpha.app.bound.pg=2Edb"], true));
+        assert_eq!((keys(&p), p.more), (vec!["alpha.app.bound.pg=2Edb".to_string()], true));
         m.delete("beta.web.bound.pg=2Edb", 2000);
         m.put("delta.app.bound.pg=2Edb", 2001, b"v");
         m.put("alpha.app.bound.pg=2Edb", 2002, b"new");
         let p = m.scan("*.*.bound.pg=2Edb", Some("alpha.app.bound.pg=2Edb"), 10).unwrap();
         assert_eq!(keys(&p), ["delta.app.bound.pg=2Edb", "gamma.db.bound.pg=2Edb"]);
-        assert_eq!(m.scan("*.*.bound.pg=2Edb", None, 1).unwrap().entries[0].value, b"new");
+        assert_eq!(m.scan("*.*.bound.pg=2Edb", None, 1).unwrap().entries()[0].value, b"new");
         // Same answers as a walk of everything.
         assert_eq!(keys(&m.scan("*.>", None, 10_000).unwrap()).iter().filter(|k| k.ends_with(".pg=2Edb")).count(), 3);
         m.clear();
-        assert!(m.scan("*.*.bound.pg=2Edb", None, 10).unwrap().entries.is_empty());
+        assert!(m.scan("*.*.bound.pg=2Edb", None, 10).unwrap().entries().is_empty());
     }
 
     #[test]
@@ -1052,20 +1102,20 @@ mod tests {
         m.put("short.app", 2, b"v");
         let before = m.visited();
         let p = m.scan("*.app.>", None, 1000).unwrap();
-        assert_eq!(p.entries.len(), 200);
-        assert!(p.entries.iter().all(|e| e.key.split('.').nth(1) == Some("app")));
+        assert_eq!(p.entries().len(), 200);
+        assert!(p.entries().iter().all(|e| e.key.split('.').nth(1) == Some("app")));
         assert!(m.visited() - before <= 201, "visited {}", m.visited() - before);
         let before = m.visited();
         let p = m.scan("*.*.config.>", None, 1000).unwrap();
-        assert_eq!(p.entries.len(), 400);
+        assert_eq!(p.entries().len(), 400);
         assert!(m.visited() - before <= 400, "visited {}", m.visited() - before);
         // Paged by the key handed back, in key order, and kept up to date.
         let first = m.scan("*.app.>", None, 150).unwrap();
-        let rest = m.scan("*.app.>", Some(&first.entries[149].key), 150).unwrap();
-        assert_eq!((first.more, rest.entries.len(), rest.more), (true, 50, false));
+        let rest = m.scan("*.app.>", Some(&first.entries()[149].key), 150).unwrap();
+        assert_eq!((first.more, rest.entries().len(), rest.more), (true, 50, false));
         m.delete("n000.app.config.x", 10);
         m.put("zzz.app.new.y", 11, b"v");
-        let keys: Vec<String> = m.scan("*.app.>", None, 1000).unwrap().entries.into_iter().map(|e| e.key).collect();
+        let keys: Vec<String> = m.scan("*.app.>", None, 1000).unwrap().entries().into_iter().map(|e| e.key).collect();
         assert_eq!(keys.len(), 200);
         assert!(!keys.contains(&"n000.app.config.x".to_string()) && keys.last().map(String::as_str) == Some("zzz.app.new.y"));
         let mut sorted = keys.clone();
@@ -1114,13 +1164,13 @@ mod tests {
         }
         for f in &filters {
             let pattern: Vec<&str> = f.split('.').collect();
-            let want: Vec<String> = m.walk(&pattern, "", None, MAX_SCAN as usize).entries.into_iter().map(|e| e.key).collect();
+            let want: Vec<String> = m.walk(&pattern, "", None, MAX_SCAN as usize).entries().into_iter().map(|e| e.key).collect();
             // Read through in pages of 7, each from the last key handed back.
             let (mut got, mut after) = (Vec::new(), None::<String>);
             loop {
                 let p = m.scan(f, after.as_deref(), 7).unwrap();
-                got.extend(p.entries.iter().map(|e| e.key.clone()));
-                match (p.more, p.entries.last()) {
+                got.extend(p.entries().iter().map(|e| e.key.clone()));
+                match (p.more, p.entries().last()) {
                     (true, Some(last)) => after = Some(last.key.clone()),
                     _ => break,
                 }
@@ -1138,16 +1188,16 @@ mod tests {
             m.put(&format!("beta.x.k{i}"), i + 100, &big);
         }
         let p = m.scan("alpha.>", None, 1000).unwrap();
-        assert_eq!((p.entries.len(), p.more), (3, true), "4 MiB hold three 1 MiB values and their keys");
+        assert_eq!((p.entries().len(), p.more), (3, true), "4 MiB hold three 1 MiB values and their keys");
         let p = m.scan("*.x.k1", None, 1000).unwrap();
-        assert_eq!(p.entries.len(), 1);
+        assert_eq!(p.entries().len(), 1);
         // A value larger than a page still comes, alone.
         m.put("huge.one", 500, &vec![b'y'; MAX_PAGE_BYTES + 1]);
         m.put("huge.two", 501, b"small");
         let p = m.scan("huge.>", None, 1000).unwrap();
-        assert_eq!((keys(&p), p.more), (vec!["huge.one"], true));
+        assert_eq!((keys(&p), p.more), (vec!["huge.one".to_string()], true));
         let p = m.scan("huge.>", Some("huge.one"), 1000).unwrap();
-        assert_eq!((keys(&p), p.more), (vec!["huge.two"], false));
+        assert_eq!((keys(&p), p.more), (vec!["huge.two".to_string()], false));
     }
 
     #[test]
@@ -1209,8 +1259,8 @@ mod tests {
             assert!(started.elapsed() < std::time::Duration::from_secs(60), "the index never landed");
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
-        assert_eq!(page.entries.len(), 100);
-        assert!(page.more && page.entries.iter().all(|e| e.key.ends_with(".rare")));
+        assert_eq!(page.entries().len(), 100);
+        assert!(page.more && page.entries().iter().all(|e| e.key.ends_with(".rare")));
         assert_eq!(m.version(), v, "an index is not a change of contents");
         assert!(m.visited() < 2000, "answered from the index, not a walk: {} keys looked at", m.visited());
     }
@@ -1220,7 +1270,7 @@ mod tests {
         let m = Mirror::counting_writers();
         m.set_ready(true);
         let _ = m.scan("*.*.config", None, 1).unwrap();
-        let key = |i: usize| format!("n{}.m{i:05}.{}", i % 7, if i % 3 == 0 { "secret" } else { "config" });
+        let key = |i: usize| format!("n{}.m{i:05}.{}", i % 7, if i.is_multiple_of(3) { "secret" } else { "config" });
         for i in 0..30_000 {
             m.put(&key(i), i as u64 + 1, format!("v{i}").as_bytes());
             if i % 5 == 4 {
@@ -1273,9 +1323,9 @@ mod tests {
             m.put(&format!("k{i:06}"), 1, b"");
         }
         let p = m.scan(">", None, u32::MAX).unwrap();
-        assert_eq!((p.entries.len(), p.more), (MAX_SCAN as usize, true));
+        assert_eq!((p.entries().len(), p.more), (MAX_SCAN as usize, true));
         let p = m.scan(">", None, 0).unwrap();
-        assert_eq!((p.entries.len(), p.more), (0, true));
+        assert_eq!((p.entries().len(), p.more), (0, true));
     }
 
     #[test]

@@ -14,6 +14,16 @@ fn entry(e: mesh_provisioner::mirror::Entry) -> Entry {
     Entry { key: e.key, revision: e.revision, value: e.value }
 }
 
+/// The host's page as the guest reads it (cut into entries by its lengths), or why it cannot be.
+pub fn cut(p: mesh_provisioner::mirror::Page) -> Result<Page, String> {
+    Page::from_parts(p.keys, p.values, p.lengths, p.revisions, p.more, p.revision)
+}
+
+/// Every entry of the host's page, owned.
+pub fn entries(p: mesh_provisioner::mirror::Page) -> Vec<Entry> {
+    cut(p).map(|p| p.entries().map(|e| e.owned()).collect()).unwrap_or_else(|why| panic!("a page the guest refuses: {why}"))
+}
+
 impl Env for Native {
     fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
         let e = self.0.bucket(bucket).get(key).map_err(|e| HostError::Invalid(e.to_string()))?;
@@ -21,7 +31,7 @@ impl Env for Native {
     }
     fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
         let p = self.0.bucket(bucket).scan(filter, after, limit).map_err(|e| HostError::Invalid(e.to_string()))?;
-        Ok(Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+        cut(p).map_err(|why| HostError::Corrupt(format!("a page of {bucket}: {why}")))
     }
     fn exists(&self, bucket: &str) -> Result<bool, HostError> {
         Ok(self.0.bucket(bucket).exists())

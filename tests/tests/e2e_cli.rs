@@ -51,7 +51,7 @@ fn check_passes_the_real_component_and_refuses_bad_ones_with_the_reason() {
     let ok = run(&["check", tests::component_path().to_str().unwrap()]);
     assert!(ok.status.success(), "{}", text(&ok));
     assert!(text(&ok).contains("13 registry kinds"));
-    for (name, why) in [("not-wasm", "not a WebAssembly file"), ("incompatible", "built for mesh:provisioner@0.9.0"), ("publisher", "mesh:provisioner/bus@0.7.0"), ("trap-at-start", "trapped"), ("loop-at-start", "deadline")] {
+    for (name, why) in [("not-wasm", "not a WebAssembly file"), ("incompatible", "built for mesh:provisioner@0.9.0"), ("publisher", "mesh:provisioner/bus@0.8.0"), ("trap-at-start", "trapped"), ("loop-at-start", "deadline")] {
         let out = run(&["check", fixture(name).to_str().unwrap()]);
         assert!(!out.status.success(), "{name} passed the check");
         assert!(text(&out).contains(why), "{name}: {}", text(&out));

@@ -82,7 +82,7 @@ async fn a_kept_reply_is_never_served_after_a_bucket_it_read_changed() {
                 let m = b.bucket(bucket);
                 let staged = Mirror::new();
                 let page = m.scan(">", None, 10_000).expect("scan");
-                for e in page.entries.iter().skip(1) {
+                for e in tests::native::entries(page).iter().skip(1) {
                     staged.put(&e.key, e.revision, &e.value);
                 }
                 staged.note_revision(m.revision());

@@ -170,7 +170,7 @@ proptest! {
             b.put(bucket(a.what), k, v);
         }
         let env = Native(b.clone());
-        let want: BTreeSet<String> = b.bucket(bucket(a.what)).scan(">", None, u32::MAX).unwrap().entries.into_iter()
+        let want: BTreeSet<String> = tests::native::entries(b.bucket(bucket(a.what)).scan(">", None, u32::MAX).unwrap()).into_iter()
             .map(|e| e.key).filter(|k| covers(&a.fixed, k)).collect();
         let (listed, largest) = all_pages(&env, &a, limit, budget).map_err(TestCaseError::fail)?;
         let got: BTreeSet<String> = listed.iter().cloned().collect();

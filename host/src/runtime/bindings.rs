@@ -80,7 +80,7 @@ impl store::Host for Ctx {
 
     async fn scan(&mut self, bucket: String, filter: String, after: Option<String>, limit: u32) -> R<store::Page> {
         let p = mirror(self, &bucket, Reach::of(&filter)).await?.scan(&filter, after.as_deref(), limit)?;
-        Ok(store::Page { entries: p.entries.into_iter().map(entry).collect(), more: p.more, revision: p.revision })
+        Ok(store::Page { keys: p.keys, values: p.values, lengths: p.lengths, revisions: p.revisions, more: p.more, revision: p.revision })
     }
 
     async fn exists(&mut self, bucket: String) -> R<bool> {
