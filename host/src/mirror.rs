@@ -117,6 +117,26 @@ pub struct Page {
     pub revision: u64,
 }
 
+/// Each writer's (a key's first token's) keys and bytes, counted over keys in order, where a
+/// writer's keys are one run: what a restored mirror's [`Quota`] shares start from.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Runs(Vec<(Box<str>, u64, u64)>);
+
+impl Runs {
+    /// Counts `key` (which sorts after every key counted before it) and its value's bytes.
+    pub fn add(&mut self, key: &str, value_bytes: usize) {
+        let size = (key.len() + value_bytes) as u64;
+        let writer = key.split('.').next().unwrap_or(key);
+        match self.0.last_mut() {
+            Some((w, keys, bytes)) if **w == *writer => {
+                *keys += 1;
+                *bytes += size;
+            }
+            _ => self.0.push((writer.into(), 1, size)),
+        }
+    }
+}
+
 /// Most token indexes one mirror builds (each a slot per key): positions 1–3 and the last.
 const MAX_INDEXES: usize = 4;
 
@@ -524,27 +544,27 @@ impl Mirror {
     /// `entries` (in key order, as a [`Sorted`] holds them), the markers, the revision the
     /// contents are as of and the stream they come from.
     pub fn restore(&self, entries: Sorted, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
+        self.restore_counted(entries, None, tombstones, revision, origin)
+    }
+
+    /// [`Mirror::restore`], with each writer's share already counted as the entries were packed
+    /// (`Runs`, from a log's build): nothing is read again.
+    pub fn restore_counted(&self, entries: Sorted, runs: Option<Runs>, tombstones: Vec<(Arc<str>, u64)>, revision: u64, origin: i128) -> Result<()> {
         let mut s = self.write();
         if s.table.len() > 0 || !s.tombstones.is_empty() {
             return Err(Error::new(ErrorKind::Invalid, "a mirror is restored only when empty"));
         }
-        // Keys in order: each writer's (first token's) keys are one run, counted once.
         if s.writers.is_some() {
-            let mut runs: Vec<(Box<str>, u64, u64)> = Vec::new();
-            let mut walk = entries.walk_from(0);
-            while let Some((_, key, _, value)) = walk.next_record() {
-                let size = (key.len() + value.len()) as u64;
-                let writer = key.split('.').next().unwrap_or(key);
-                match runs.last_mut() {
-                    Some((w, keys, b)) if **w == *writer => {
-                        *keys += 1;
-                        *b += size;
-                    }
-                    _ => runs.push((writer.into(), 1, size)),
+            let runs = runs.unwrap_or_else(|| {
+                let mut runs = Runs::default();
+                let mut walk = entries.walk_from(0);
+                while let Some((_, key, _, value)) = walk.next_record() {
+                    runs.add(key, value.len());
                 }
-            }
+                runs
+            });
             if let Some(writers) = s.writers.as_mut() {
-                for (writer, keys, b) in runs {
+                for (writer, keys, b) in runs.0 {
                     let c = writers.entry(writer).or_insert((0, 0));
                     c.0 += keys;
                     c.1 += b;

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::Sorted;
+use super::{Runs, Sorted};
 
 /// Where one message's key and value are in the arena.
 struct Op {
@@ -71,9 +71,11 @@ pub struct Log {
     ops: Vec<Op>,
 }
 
-/// A log made into what a mirror holds: its entries, its markers, the newest revision.
+/// A log made into what a mirror holds: its entries, its markers, the newest revision, and each
+/// writer's share of the entries, counted as they were packed.
 pub struct Built {
     pub entries: Sorted,
+    pub runs: Runs,
     pub markers: Vec<(Arc<str>, u64)>,
     pub revision: u64,
 }
@@ -148,6 +150,7 @@ impl Log {
         let mut ops = std::mem::take(&mut self.ops);
         self.sort(&mut ops);
         let (mut entries, mut markers, mut revision) = (Sorted::with_capacity(ops.len(), self.arena.len()), Vec::new(), 0);
+        let mut runs = Runs::default();
         for (i, op) in ops.iter().enumerate() {
             if let Some(ahead) = ops.get(i + PREFETCH_AHEAD) {
                 prefetch(&self.arena, ahead.at);
@@ -164,11 +167,13 @@ impl Log {
                 markers.push((Arc::from(key), op.revision));
             } else {
                 let at = op.at + op.key as usize;
-                entries.push_in_order(key, op.revision, &self.arena[at..at + op.value as usize]);
+                let value = &self.arena[at..at + op.value as usize];
+                runs.add(key, value.len());
+                entries.push_in_order(key, op.revision, value);
             }
         }
         entries.shrink_to_fit();
-        Built { entries, markers, revision }
+        Built { entries, runs, markers, revision }
     }
 }
 
@@ -205,9 +210,12 @@ mod tests {
         assert_eq!(built.revision, messages);
         let mut walk = built.entries.walk_from(0);
         let mut got: Vec<(String, u64, Vec<u8>)> = Vec::new();
+        let mut runs = Runs::default();
         while let Some((_, k, rev, v)) = walk.next_record() {
             got.push((k.to_string(), rev, v.to_vec()));
+            runs.add(k, v.len());
         }
+        assert_eq!(built.runs, runs, "the writers' shares counted while packing differ from the packed entries'");
         let want: Vec<(String, u64, Vec<u8>)> = model.iter().filter_map(|(k, (rev, v))| Some((k.clone(), *rev, v.clone()?))).collect();
         assert_eq!(got.len(), want.len());
         assert!(got == want, "the built entries differ from the model");

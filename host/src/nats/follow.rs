@@ -314,7 +314,7 @@ impl Follower {
                     let (into, origin) = (staged.clone(), stream.created_ns);
                     let packed = tokio::task::spawn_blocking(move || {
                         let built = log.build();
-                        let restored = into.restore(built.entries, built.markers, built.revision, origin);
+                        let restored = into.restore_counted(built.entries, Some(built.runs), built.markers, built.revision, origin);
                         // The log, a copy of every key and value, is freed by now.
                         crate::mirror::give_back_freed_memory();
                         restored
