@@ -34,7 +34,7 @@ impl EntryRef<'_> {
 }
 
 /// One page of a scan (the WIT `page`): its keys end to end in one string and its values in
-/// one buffer, as the host lowers them, so a page is four allocations however many entries it
+/// one buffer, as the host lowers them, so a page is a few allocations however many entries it
 /// holds, and each entry is read from it borrowed ([`Page::entries`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Page {
@@ -62,7 +62,6 @@ impl Page {
         if lengths.len() != 2 * revisions.len() {
             return Err(format!("a page of {} entries with {} lengths (two for each)", revisions.len(), lengths.len()));
         }
-        // (In place on a 32-bit guest: a `u32` and a `usize` are one size there.)
         let mut at = [0usize; 2];
         let ends: Vec<usize> = lengths
             .into_iter()
