@@ -331,11 +331,19 @@ pub fn write_str(out: &mut String, s: &str) {
 /// `\` (the bit tricks "has a byte less than n" and "has a zero byte", each exact as a yes or
 /// no for n up to 128).
 fn any_escaped(word: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |v: u64| v.wrapping_sub(ONES) & !v;
-    let below = word.wrapping_sub(ONES * 0x20) & !word;
-    (below | zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\')))) & HIGH != 0
+    let below = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
+    below != 0 || has_byte(word, b'"') || has_byte(word, b'\\')
+}
+
+/// A byte of ones, in each of a word's eight bytes; and each byte's high bit.
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any of the eight bytes of `word` is `b` (the bit trick "has a zero byte" on the word
+/// with `b` in every byte xored out: exact as a yes or no).
+fn has_byte(word: u64, b: u8) -> bool {
+    let v = word ^ (ONES * u64::from(b));
+    v.wrapping_sub(ONES) & !v & HIGH != 0
 }
 
 /// `n` in decimal, as serde_json writes an integer.
@@ -449,9 +457,6 @@ fn read_as_a_tree(raw: &RawValue) -> Result<(), serde_json::Error> {
 /// of digits in a row, so only a value with such a stretch is read again byte by byte
 /// ([`plainly_readable_bytewise`], the rule as stated).
 fn plainly_readable(json: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
     let digit_before = |i: usize| i > 0 && json[i - 1].is_ascii_digit();
     let words = json.chunks_exact(8);
     let tail = words.remainder();
@@ -459,11 +464,11 @@ fn plainly_readable(json: &[u8]) -> bool {
     for (w, word) in words.enumerate() {
         let word_at = w * 8;
         let v = u64::from_le_bytes([word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7]]);
-        if has_zero(v ^ (ONES * u64::from(b'\\'))) {
+        if has_byte(v, b'\\') {
             return false;
         }
         // `e` and `E` differ in the 0x20 bit only, and no other byte becomes `e` when it is set.
-        if has_zero((v | (ONES * 0x20)) ^ (ONES * u64::from(b'e'))) {
+        if has_byte(v | (ONES * 0x20), b'e') {
             let exponent = word.iter().enumerate().any(|(j, &b)| b | 0x20 == b'e' && digit_before(word_at + j));
             if exponent {
                 return false;

@@ -114,7 +114,7 @@ impl Log {
     /// Sorts `ops` by key, the newest last (a key written again during the replay comes twice).
     ///
     /// The sort reads keys at random in an arena larger than any cache, and it is what a
-    /// replay's end waits for (at 1M keys ~150 ms of a ~260 ms packing): a large log is split
+    /// replay's end waits for (at 1M keys on one thread, ~150 ms of a ~260 ms packing): a large log is split
     /// at a pivot key into the keys below it and the rest, and each side sorted on a thread of
     /// its own. The split reads the keys in the order they were logged, the arena's own. The
     /// replay is over by then: the bus and the runtime thread are idle.

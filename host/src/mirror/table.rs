@@ -96,7 +96,6 @@ fn varint(b: &[u8], at: &mut usize) -> u64 {
     v
 }
 
-/// The largest character boundary of `s` at or before `n`.
 /// How many leading bytes `a` and `b` have in common, found eight at a time: a record's key is
 /// stored as what it shares with the one before and the rest, and every key packed is measured.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
@@ -113,6 +112,7 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     n + a[n..].iter().zip(&b[n..]).take_while(|(x, y)| x == y).count()
 }
 
+/// The largest character boundary of `s` at or before `n`.
 fn boundary(s: &str, n: usize) -> usize {
     let mut n = n.min(s.len());
     while !s.is_char_boundary(n) {
