@@ -13,7 +13,9 @@
 //!
 //! `cargo build --release -p mesh-provisioner && cargo bench -p tests --bench bus`
 //! (uses `target/release/mesh-provisioner` when built, else the debug binary; `BENCH_KEYS` sets
-//! the large size, default 1 000 000).
+//! the large size, default 1 000 000; `BENCH_STARTS` how many full replays are measured, each
+//! against a floor measured just before it, default 3; `BENCH_WATCHES` compares ways of reading
+//! the floor's bucket instead of the starts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -425,29 +427,44 @@ async fn plain_watch(js: &async_nats::jetstream::Context) -> (usize, Duration) {
 }
 
 /// The floor of a start: a server without accounts or permissions, holding a needs bucket of
-/// the same keys and values (written here by one pipelined client), read by a plain watch; and
-/// the same watch on one thread.
-async fn unrestricted_floor(keys: usize) -> (usize, Duration, Duration) {
-    const OPEN: &str = "listen: \"127.0.0.1:{{PORT}}\"\njetstream { store_dir: \"{{DIR}}/js\" }\n";
-    let server = tests::nats::RawServer::start(OPEN).await;
-    let client = async_nats::connect(format!("nats://127.0.0.1:{}", server.port)).await.expect("connect");
-    let js = async_nats::jetstream::new(client);
-    js.create_key_value(async_nats::jetstream::kv::Config { bucket: NEEDS.into(), history: 1, ..Default::default() }).await.expect("bucket");
-    let per_node = keys / 10 / 3;
-    let names = ["alpha", "beta", "gamma"].into_iter().flat_map(|node| {
-        (0..per_node + 1).flat_map(move |m| (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") }))
-    });
-    let mut acks = futures::stream::iter(names.take(keys).map(|key| {
-        let js = js.clone();
-        async move { js.publish(format!("$KV.{NEEDS}.{key}"), VALUE.into()).await.expect("publish").await.expect("ack") }
-    }))
-    .buffer_unordered(512);
-    while acks.next().await.is_some() {}
-    drop(acks);
-    let floor = plain_watch(&js).await;
-    let one_thread = plain_watch_on_one_thread(format!("nats://127.0.0.1:{}", server.port));
-    server.stop().await;
-    (floor.0, floor.1, one_thread)
+/// the same keys and values (written here by one pipelined client), read by a plain watch. The
+/// server runs until the starts are measured, so that the floor and the host's replay can be
+/// measured turn about (a start's time moves by ±15% between runs on a 2-core machine).
+struct Floor {
+    server: tests::nats::RawServer,
+    js: async_nats::jetstream::Context,
+}
+
+impl Floor {
+    async fn start(keys: usize) -> Floor {
+        const OPEN: &str = "listen: \"127.0.0.1:{{PORT}}\"\njetstream { store_dir: \"{{DIR}}/js\" }\n";
+        let server = tests::nats::RawServer::start(OPEN).await;
+        let client = async_nats::connect(format!("nats://127.0.0.1:{}", server.port)).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        js.create_key_value(async_nats::jetstream::kv::Config { bucket: NEEDS.into(), history: 1, ..Default::default() }).await.expect("bucket");
+        let per_node = keys / 10 / 3;
+        let names = ["alpha", "beta", "gamma"].into_iter().flat_map(|node| {
+            (0..per_node + 1).flat_map(move |m| (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") }))
+        });
+        let mut acks = futures::stream::iter(names.take(keys).map(|key| {
+            let js = js.clone();
+            async move { js.publish(format!("$KV.{NEEDS}.{key}"), VALUE.into()).await.expect("publish").await.expect("ack") }
+        }))
+        .buffer_unordered(512);
+        while acks.next().await.is_some() {}
+        drop(acks);
+        Floor { server, js }
+    }
+
+    /// A plain watch of the bucket: how many keys, and how long.
+    async fn watch(&self) -> (usize, Duration) {
+        plain_watch(&self.js).await
+    }
+
+    /// The same watch with everything on one thread.
+    fn watch_on_one_thread(&self) -> Duration {
+        plain_watch_on_one_thread(format!("nats://127.0.0.1:{}", self.server.port))
+    }
 }
 
 /// The same plain watch with everything on one thread, as the host runs: the connection's
@@ -462,6 +479,37 @@ fn plain_watch_on_one_thread(url: String) -> Duration {
     })
     .join()
     .expect("the one-thread watch")
+}
+
+/// `BENCH_WATCHES`: the ways to read the floor's bucket whole, three rounds turn about — an
+/// ordered consumer filtered on the bucket's subjects (each key's last message, or every
+/// message), one without a filter (what the host's replay of a one-message-a-key bucket uses),
+/// and async-nats's KV watch — each until the last message.
+async fn compare_watches(floor: &Floor) {
+    use async_nats::jetstream::consumer::{push::OrderedConfig, DeliverPolicy};
+    floor.watch().await;
+    for round in 0..3 {
+        for (name, filter, policy) in [
+            ("last per subject, filtered", format!("$KV.{NEEDS}.>"), DeliverPolicy::LastPerSubject),
+            ("all, filtered", format!("$KV.{NEEDS}.>"), DeliverPolicy::All),
+            ("all, no filter", String::new(), DeliverPolicy::All),
+        ] {
+            let stream = floor.js.get_stream(format!("KV_{NEEDS}")).await.expect("stream");
+            let start = Instant::now();
+            let config = OrderedConfig { deliver_subject: floor.js.client().new_inbox(), filter_subject: filter, deliver_policy: policy, ..Default::default() };
+            let mut messages = stream.create_consumer(config).await.expect("consumer").messages().await.expect("messages");
+            let mut n = 0;
+            while let Some(Ok(m)) = messages.next().await {
+                n += 1;
+                if m.info().expect("a stream's message").pending == 0 {
+                    break;
+                }
+            }
+            println!("round {round}, {name}: {n} messages in {:.3} s", start.elapsed().as_secs_f64());
+        }
+        let (n, took) = floor.watch().await;
+        println!("round {round}, the KV watch: {n} entries in {:.3} s", took.as_secs_f64());
+    }
 }
 
 /// From `serve` to the first answer to `query` (an answer is current: a mirror answers only
@@ -511,7 +559,16 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let wrote = snapshots_written(&stopped.log_text());
     let state = std::mem::replace(&mut stopped.state, tempfile::tempdir().unwrap());
     let snapshot = std::fs::metadata(state.path().join("mirrors").join(format!("{NEEDS}.mirror"))).map(|m| m.len()).unwrap_or(0);
-    let (n_open, open, one_thread) = unrestricted_floor(keys).await;
+    let floor = Floor::start(keys).await;
+    if std::env::var_os("BENCH_WATCHES").is_some() {
+        compare_watches(&floor).await;
+        floor.server.stop().await;
+        return;
+    }
+    // The first read after the fill is slower (the server is still settling its writes).
+    floor.watch().await;
+    let (n_open, open) = floor.watch().await;
+    let one_thread = floor.watch_on_one_thread();
     let (n, example) = plain_watch(&bus.js("mesh-provisioner").await).await;
     let (host, resumed) = first_answer(bus, c, query, state, &[]).await;
     let resumed_rss = settled_rss(&host).await;
@@ -524,6 +581,20 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
     let full_rss = settled_rss(&host).await;
     let full_peak = tests::peak_rss_kib(host.child.id().expect("host pid"));
+    let replayed = |host: &Host| host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).next_back().and_then(|l| l.split("replayed=").nth(1)).map(|t| t.split(' ').next().unwrap_or(t).to_string()).unwrap_or_default();
+    // More full replays, each right after a floor of its own: the ratio of each pair.
+    let mut host = host;
+    let mut pairs = vec![(full, open, replayed(&host))];
+    for _ in 1..std::env::var("BENCH_STARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize) {
+        host.signal("TERM");
+        let _ = host.child.wait().await;
+        let state = std::mem::replace(&mut host.state, tempfile::tempdir().unwrap());
+        let (_, open) = floor.watch().await;
+        let (again, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
+        pairs.push((full, open, replayed(&again)));
+        host = again;
+    }
+    floor.server.stop().await;
     let secs = |d: Duration| d.as_secs_f64();
     println!(
         "start at {keys} keys, floor: a plain watch reads the bucket ({n_open} keys) on a server without permissions in {:.2} s (on the example config as the provisioner's user: {:.2} s, {n} keys, {:.2}×)",
@@ -534,6 +605,10 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
         println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
     }
     println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
+    let mut ratios: Vec<f64> = pairs.iter().map(|(full, open, _)| secs(*full) / secs(*open)).collect();
+    let each: Vec<String> = pairs.iter().map(|(full, open, replayed)| format!("{:.2} s / {:.2} s = {:.2}× (replayed {replayed})", secs(*full), secs(*open), secs(*full) / secs(*open))).collect();
+    ratios.sort_by(f64::total_cmp);
+    println!("    ({} full replays, each against a floor measured just before it: {}; median {:.2}×)", pairs.len(), each.join(", "), ratios[ratios.len() / 2]);
     // Where the replay's time went: reading the bucket, then packing what it read.
     if let Some(line) = host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).last() {
         println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));

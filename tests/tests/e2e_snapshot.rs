@@ -250,3 +250,66 @@ async fn a_bucket_of_150_000_tiny_values_replays_in_sync_and_restarts_from_its_s
     host.stop().await;
     mesh.server.stop().await;
 }
+
+#[tokio::test]
+async fn a_full_replay_reads_deletes_purges_markers_and_history_as_the_kv_watch_does() {
+    // A needs bucket of one message a key whose expiries leave markers, and an applied bucket
+    // keeping five revisions a key: the host replays the first through a consumer without a
+    // subject filter, the second through the KV watch; `verify` reads both through the KV watch.
+    let mesh = Mesh::open(async |js| {
+        js.create_stream(jetstream::stream::Config {
+            name: format!("KV_{NEEDS}"),
+            subjects: vec![format!("$KV.{NEEDS}.>")],
+            max_messages_per_subject: 1,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            allow_message_ttl: true,
+            subject_delete_marker_ttl: Some(Duration::from_secs(3600)),
+            ..Default::default()
+        })
+        .await
+        .expect("needs whose expiries leave markers");
+        js.create_key_value(kv::Config { bucket: APPLIED.into(), history: 5, ..Default::default() }).await.expect("applied with history");
+    })
+    .await;
+    let (needs, applied) = (mesh.kv(NEEDS).await, mesh.kv(APPLIED).await);
+    let mut expected = keys("alpha", 0..10);
+    put(&needs, &expected, "first").await;
+    needs.delete("alpha.app3.config.url").await.expect("delete");
+    needs.purge("alpha.app4.config.url").await.expect("purge");
+    expected.remove("alpha.app3.config.url");
+    expected.remove("alpha.app4.config.url");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-TTL", "1s");
+    let js = jetstream::new(mesh.client.clone());
+    js.publish_with_headers(format!("$KV.{NEEDS}.beta.web.config.url"), headers, "{}".into()).await.expect("publish").await.expect("a put with a TTL");
+    // The put expires, and the server writes a marker in its place.
+    let start = Instant::now();
+    loop {
+        let marker = js.get_stream(format!("KV_{NEEDS}")).await.expect("needs").direct_get_last_for_subject(format!("$KV.{NEEDS}.beta.web.config.url")).await;
+        if marker.is_ok_and(|m| m.headers.get("Nats-Marker-Reason").is_some()) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no marker for the expired key");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for value in ["v1", "v2", "v3"] {
+        put(&applied, &keys("alpha", 0..2), value).await;
+    }
+    applied.delete("alpha.app1.config.url").await.expect("delete");
+
+    let host = mesh.serve(tempfile::tempdir().unwrap()).await;
+    assert_eq!(mesh.answered("needs").await, expected, "the first answer is the bus's");
+    // Which watch read which bucket: the server's own account of the host's consumers (before
+    // `verify` adds its own).
+    for (bucket, filter) in [(NEEDS, String::new()), (APPLIED, format!("$KV.{APPLIED}.>"))] {
+        let stream = js.get_stream(format!("KV_{bucket}")).await.expect("stream");
+        let consumers: Vec<_> = stream.consumers().collect::<Vec<_>>().await.into_iter().map(|c| c.expect("consumer info")).collect();
+        let filters: Vec<&str> = consumers.iter().map(|c| c.config.filter_subject.as_str()).collect();
+        assert_eq!(filters, [filter.as_str()], "{bucket}");
+    }
+    mesh.verified().await;
+    host.stop().await;
+    mesh.server.stop().await;
+}

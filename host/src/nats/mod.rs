@@ -4,6 +4,7 @@
 //!
 //! - `follow.rs` — mirrors fed by watches (first use, replay aside, resync, rebuild, eviction);
 //! - `listing.rs` — which buckets exist (one shared listing) and which streams capture our subjects;
+//! - `watch.rs` — a bucket's watch as a mirror reads it (unfiltered where that reads the same);
 //! - `discovery.rs` — `$SRV.PING` counts, kept a few seconds;
 //! - `writes.rs` — compare-and-set on the registry and the state records, seat-gated.
 //!
@@ -31,6 +32,7 @@ use crate::seat::Seat;
 mod discovery;
 mod follow;
 mod listing;
+mod watch;
 mod writes;
 
 use writes::{cas_put, update_err};
@@ -50,7 +52,8 @@ pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_
 pub const SUBSCRIPTION_CAPACITY: usize = 1 << 22;
 /// How long a first use of a bucket may wait for its mirror to replay.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
-/// A replay that delivers nothing for this long is started again.
+/// A replay that delivers nothing for this long is started again (noticed within twice this:
+/// the replay looks at its one timer when it rings).
 const REPLAY_STALL: Duration = Duration::from_secs(5);
 /// How often a mirrored bucket that was deleted is looked for again.
 const MISSING_POLL: Duration = Duration::from_secs(1);
