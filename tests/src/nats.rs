@@ -167,6 +167,21 @@ pub fn spec(bucket: &str, replicas: usize) -> mesh_provisioner::bucket::Spec {
     Spec::new(bucket, "made by a test, as bootstrap makes it", 1, replicas, limits)
 }
 
+/// A bucket's stream made by hand, as a KV bucket of one message a key that allows a TTL on
+/// each message (`Nats-TTL`), which the KV API does not make.
+pub fn bucket_with_ttls(bucket: &str) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        allow_message_ttl: true,
+        ..Default::default()
+    }
+}
+
 /// Makes the bucket `spec` through `js` (the operator's), retrying while a cluster elects.
 pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucket::Spec) {
     let start = Instant::now();

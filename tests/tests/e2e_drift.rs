@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv};
 use async_nats::{Client, ConnectOptions};
 use serde_json::{json, Value};
 use tests::nats::{answered_keys, ask_ok, ask_raw, compiled_kinds, run_verify, stats_data, Bus, Host, RawServer};
@@ -144,18 +144,7 @@ async fn the_audit_drops_a_key_whose_own_ttl_ran_out() {
     // A bucket that allows per-message TTLs and places no marker when one runs out: the key
     // simply goes, with no message to any watch.
     let o = open("1s", async |js| {
-        js.create_stream(stream::Config {
-            name: format!("KV_{NEEDS}"),
-            subjects: vec![format!("$KV.{NEEDS}.>")],
-            max_messages_per_subject: 1,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            allow_message_ttl: true,
-            ..Default::default()
-        })
-        .await
-        .expect("needs with per-key TTLs");
+        js.create_stream(tests::nats::bucket_with_ttls(NEEDS)).await.expect("needs with per-key TTLs");
     })
     .await;
     put_needs(&o.client, 4).await;

@@ -257,19 +257,8 @@ async fn a_full_replay_reads_deletes_purges_markers_and_history_as_the_kv_watch_
     // keeping five revisions a key: the host replays the first through a consumer without a
     // subject filter, the second through the KV watch; `verify` reads both through the KV watch.
     let mesh = Mesh::open(async |js| {
-        js.create_stream(jetstream::stream::Config {
-            name: format!("KV_{NEEDS}"),
-            subjects: vec![format!("$KV.{NEEDS}.>")],
-            max_messages_per_subject: 1,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            allow_message_ttl: true,
-            subject_delete_marker_ttl: Some(Duration::from_secs(3600)),
-            ..Default::default()
-        })
-        .await
-        .expect("needs whose expiries leave markers");
+        let marking = jetstream::stream::Config { subject_delete_marker_ttl: Some(Duration::from_secs(3600)), ..tests::nats::bucket_with_ttls(NEEDS) };
+        js.create_stream(marking).await.expect("needs whose expiries leave markers");
         js.create_key_value(kv::Config { bucket: APPLIED.into(), history: 5, ..Default::default() }).await.expect("applied with history");
     })
     .await;
