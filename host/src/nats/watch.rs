@@ -7,7 +7,7 @@
 //! matches each stored message against the filter as it delivers it; a bucket's stream holds
 //! nothing else (`bucket::shape` refuses one that does), so the filter selects everything and
 //! only costs. Measured on one server with 1M keys, three rounds (the bus bench's
-//! `BENCH_EXPERIMENT`): 1.53 / 1.92 / 1.67 s unfiltered, 1.78 / 2.09 / 2.05 s the KV watch.
+//! `BENCH_WATCHES=1`): 1.53 / 1.92 / 1.67 s unfiltered, 1.78 / 2.09 / 2.05 s the KV watch.
 //! With one message a key every message is its key's last, so a full replay reads the same
 //! entries as the KV watch's `LastPerSubject`; a bucket with history keeps the KV watch, which
 //! does not replay superseded revisions.
