@@ -539,6 +539,12 @@ async fn answered(c: &Client, query: &[u8]) {
     }
 }
 
+/// The last "mirror in sync" line of the needs bucket in a host's log: how long its replay read
+/// and packed.
+fn in_sync_line(host: &Host) -> Option<String> {
+    host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).next_back().map(str::to_string)
+}
+
 /// The snapshot-write line of a host's log: how long writing the snapshots at shutdown took.
 fn snapshots_written(log: &str) -> String {
     log.lines().filter(|l| l.contains("mirror snapshots written")).last().and_then(|l| l.split("elapsed=").nth(1)).unwrap_or("?").to_string()
@@ -581,7 +587,7 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
     let full_rss = settled_rss(&host).await;
     let full_peak = tests::peak_rss_kib(host.child.id().expect("host pid"));
-    let replayed = |host: &Host| host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).next_back().and_then(|l| l.split("replayed=").nth(1)).map(|t| t.split(' ').next().unwrap_or(t).to_string()).unwrap_or_default();
+    let replayed = |host: &Host| in_sync_line(host).and_then(|l| l.split("replayed=").nth(1).map(|t| t.split(' ').next().unwrap_or(t).to_string())).unwrap_or_default();
     // More full replays, each right after a floor of its own: the ratio of each pair.
     let mut host = host;
     let mut pairs = vec![(full, open, replayed(&host))];
@@ -610,8 +616,8 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     ratios.sort_by(f64::total_cmp);
     println!("    ({} full replays, each against a floor measured just before it: {}; median {:.2}×)", pairs.len(), each.join(", "), ratios[ratios.len() / 2]);
     // Where the replay's time went: reading the bucket, then packing what it read.
-    if let Some(line) = host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).last() {
-        println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
+    if let Some(line) = in_sync_line(&host) {
+        println!("    ({})", line.split("INFO ").nth(1).unwrap_or(&line));
     }
     println!(
         "    (the same plain watch on one thread, as the host runs: {:.2} s = {:.2}× the floor; the full replay = {:.2}× that)",
