@@ -17,12 +17,17 @@
 //! after that revision replays every change since, in order, so the mirror ends as the bus is.
 //! A walk that saw the mirror replaced (a resync, a rebuild) is abandoned.
 //!
-//! Nothing in a file is trusted: it is read whole, its checksum checked before anything in it
-//! is read, every length bounded, and refused (with the reason) when it is damaged, of another
+//! Nothing in a file is trusted: it is read in chunks, hashed by one thread while another
+//! parses them (`load.rs`), nothing parsed is used unless the whole file's checksum holds, every
+//! length is bounded, and a file is refused (with the reason) when it is damaged, of another
 //! version, of another bucket or of another stream (the bucket made anew), or ahead of its
 //! stream. The host does not look inside a key here either: keys are bytes in order.
 
-use std::io::{Read, Write};
+mod load;
+
+pub use load::Took;
+
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::collections::HashMap;
@@ -33,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use crate::mirror::{Mirror, Sorted, MAX_SUBJECT};
+use crate::mirror::Mirror;
 
 const MAGIC: &[u8; 8] = b"MPMIRROR";
 const VERSION: u32 = 1;
@@ -68,9 +73,11 @@ pub struct Loaded {
     pub revision: u64,
     pub entries: usize,
     pub markers: usize,
-    /// What the load took, step by step: the file read, its checksum, its records parsed, the
-    /// mirror built from them.
-    pub took: [Duration; 4],
+    /// What reading the file took: its reads, its checksum and its parse (the parse beside
+    /// the other two, on another thread), and in all.
+    pub took: Took,
+    /// Building the mirror from what was read.
+    pub built: Duration,
 }
 
 /// The snapshots of one server, in one directory of its state directory.
@@ -165,21 +172,10 @@ impl Snapshots {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(refused(&path, format!("cannot be opened: {e}"))),
         };
-        let mut took = [Duration::ZERO; 4];
-        let mut lap = Instant::now();
-        let mut step = |i: usize| {
-            took[i] = lap.elapsed();
-            lap = Instant::now();
-        };
-        let mut bytes = Vec::new();
-        let mut file = file;
-        file.read_to_end(&mut bytes).map_err(|e| refused(&path, format!("cannot be read: {e}")))?;
-        step(0);
-        let body = verified(&bytes).map_err(|why| refused(&path, why))?;
-        step(1);
-        let read = parse(body, bucket).map_err(|why| refused(&path, why))?;
-        step(2);
-        drop(bytes);
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let (read, took) = load::read(file, size, bucket);
+        let read = read.map_err(|why| refused(&path, why))?;
+        let lap = Instant::now();
         if read.origin != stream.created_ns {
             return Err(refused(&path, "it is of another stream (the bucket was made anew)".into()));
         }
@@ -189,8 +185,7 @@ impl Snapshots {
         }
         let (revision, entries, markers) = (read.revision, read.entries.len(), read.markers.len());
         into.restore(read.entries, read.markers, read.revision, read.origin).map_err(|e| refused(&path, e.to_string()))?;
-        step(3);
-        Ok(Some(Loaded { revision, entries, markers, took }))
+        Ok(Some(Loaded { revision, entries, markers, took, built: lap.elapsed() }))
     }
 }
 
@@ -264,138 +259,6 @@ impl Write for Hashing<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
-}
-
-/// A snapshot as read, checksum checked.
-struct Read_ {
-    origin: i128,
-    revision: u64,
-    entries: Sorted,
-    markers: Vec<(Arc<str>, u64)>,
-}
-
-/// The bytes of a snapshot, read from the front; says what it was reading when they ended.
-struct Cursor<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> std::result::Result<&'a [u8], String> {
-        if self.rest.len() < n {
-            return Err(format!("it ends inside {what} (truncated)"));
-        }
-        let (head, rest) = self.rest.split_at(n);
-        self.rest = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
-        let mut b = [0u8; N];
-        b.copy_from_slice(self.take(N, what)?);
-        Ok(b)
-    }
-
-    fn u8(&mut self, what: &str) -> std::result::Result<u8, String> {
-        Ok(self.array::<1>(what)?[0])
-    }
-
-    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    /// `len` bytes, refused past `max`.
-    fn bytes(&mut self, len: u32, max: usize, what: &str) -> std::result::Result<&'a [u8], String> {
-        let len = len as usize;
-        if len > max {
-            return Err(format!("{what} of {len} bytes is longer than {max}"));
-        }
-        self.take(len, what)
-    }
-
-    fn key(&mut self, what: &str) -> std::result::Result<&'a str, String> {
-        let len = self.u32(what)?;
-        let b = self.bytes(len, MAX_SUBJECT, what)?;
-        let key = std::str::from_utf8(b).map_err(|_| format!("{what} is not UTF-8"))?;
-        crate::mirror::check_subject(key, false).map_err(|e| format!("{what} {key:?}: {e}"))?;
-        Ok(key)
-    }
-}
-
-/// Reads a snapshot file whole: its checksum is checked before anything in it is read.
-#[cfg(test)]
-fn read(file: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
-    parse(verified(file)?, bucket)
-}
-
-/// The body of a snapshot file (all before its checksum) when it is one and its checksum holds.
-fn verified(file: &[u8]) -> std::result::Result<&[u8], String> {
-    if file.len() < MAGIC.len() || &file[..MAGIC.len()] != MAGIC {
-        return Err("it is not a mirror snapshot".into());
-    }
-    let Some(body_len) = file.len().checked_sub(32) else { return Err("it ends before its checksum (truncated)".into()) };
-    let (body, stored) = file.split_at(body_len);
-    if Sha256::digest(body)[..] != stored[..] {
-        return Err("its checksum does not match (damaged or truncated)".into());
-    }
-    Ok(body)
-}
-
-/// The records of a verified body.
-fn parse(body: &[u8], bucket: &str) -> std::result::Result<Read_, String> {
-    let mut src = Cursor { rest: &body[MAGIC.len()..] };
-    let version = src.u32("the header")?;
-    if version != VERSION {
-        return Err(format!("it is of version {version}; this server reads version {VERSION}"));
-    }
-    let len = u16::from_le_bytes(src.array("the header")?);
-    let name = src.bytes(len.into(), u16::MAX.into(), "the bucket's name")?;
-    if name != bucket.as_bytes() {
-        return Err(format!("it is of bucket {:?}, not {bucket}", String::from_utf8_lossy(name)));
-    }
-    let origin = i128::from_le_bytes(src.array("the header")?);
-    let revision = src.u64("the header")?;
-    // The packed records take about the file's bytes; a record per 64 of them is about the
-    // size of an entry of a node client's bucket: one allocation each, most of the time.
-    let mut entries = Sorted::with_capacity(body.len() / 64, body.len());
-    let mut markers: Vec<(Arc<str>, u64)> = Vec::new();
-    loop {
-        match src.u8("a record")? {
-            ENTRY => {
-                let key = src.key("a key")?;
-                let rev = src.u64("a revision")?;
-                let len = src.u32("a value")?;
-                let value = src.bytes(len, MAX_VALUE, "a value")?;
-                if !entries.push(key, rev, value) {
-                    return Err(format!("key {key:?} is out of order"));
-                }
-            }
-            MARKER => {
-                let key = src.key("a marker's key")?;
-                let rev = src.u64("a revision")?;
-                markers.push((Arc::from(key), rev));
-            }
-            END => break,
-            other => return Err(format!("a record of unknown kind {other}")),
-        }
-    }
-    if !src.rest.is_empty() {
-        return Err("bytes follow its last record".into());
-    }
-    let mut seen = std::collections::HashSet::with_capacity(markers.len());
-    for (k, _) in &markers {
-        if !seen.insert(k.clone()) {
-            return Err(format!("the marker of {k:?} is there twice"));
-        }
-        if entries.contains(k) {
-            return Err(format!("key {k:?} is both held and deleted"));
-        }
-    }
-    entries.shrink_to_fit();
-    Ok(Read_ { origin, revision, entries, markers })
 }
 
 #[cfg(test)]
@@ -557,8 +420,66 @@ mod tests {
         file.extend_from_slice(&u32::MAX.to_le_bytes());
         let digest = Sha256::digest(&file);
         file.extend_from_slice(&digest);
-        let why = read(&file, "b").err().expect("refused");
+        let dir = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::new(dir.path().to_path_buf());
+        std::fs::write(snaps.path("b"), &file).unwrap();
+        let why = refusal(&snaps, "b", stream(9));
         assert!(why.contains("longer than 4096"), "{why}");
+    }
+
+    /// The entries and markers a parse of `body` fed in pieces of `sizes` (round and round) made.
+    fn parsed_in_pieces(body: &[u8], sizes: &[usize]) -> std::result::Result<(Vec<(String, u64, Vec<u8>)>, Vec<(String, u64)>, u64), String> {
+        let mut parse = load::Parse::new("b", body.len() as u64);
+        let (mut at, mut i) = (0, 0);
+        while at < body.len() {
+            let n = sizes[i % sizes.len()].min(body.len() - at);
+            parse.feed(&body[at..at + n]);
+            at += n;
+            i += 1;
+        }
+        let read = parse.finish()?;
+        let m = Mirror::new();
+        m.restore(read.entries, read.markers, read.revision, read.origin).unwrap();
+        let mut markers: Vec<(String, u64)> = m.tombstones().iter().map(|(k, r)| (k.to_string(), *r)).collect();
+        markers.sort();
+        Ok((contents(&m), markers, read.revision))
+    }
+
+    #[test]
+    fn a_record_cut_anywhere_by_a_chunk_reads_as_the_whole_file_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::new(dir.path().to_path_buf());
+        let m = Mirror::new();
+        // Small records, values longer than the first join (8 KiB) and than a chunk.
+        for i in 0..300u64 {
+            let len = match i % 50 { 7 => 20_000, 31 => load::CHUNK + 3, _ => (i % 13) as usize };
+            m.put(&format!("n{}.m{i:03}.config.k", i % 3), i + 1, &vec![b'a' + (i % 26) as u8; len]);
+        }
+        m.delete("n1.zz.config.gone", 400);
+        m.delete("n2.zz.config.gone", 401);
+        m.set_origin(CREATED);
+        m.set_ready(true);
+        snaps.save("b", &m).unwrap().unwrap();
+        let file = std::fs::read(snaps.path("b")).unwrap();
+        let body = &file[..file.len() - 32];
+        let whole = parsed_in_pieces(body, &[body.len()]).expect("read whole");
+        assert!(whole.0 == contents(&m), "read whole, not as saved");
+        assert_eq!((whole.1.clone(), whole.2), (vec![("n1.zz.config.gone".to_string(), 400), ("n2.zz.config.gone".to_string(), 401)], 401));
+        for sizes in [&[1][..], &[2, 3], &[7, 1, 4096], &[8191, 1], &[9000], &[load::CHUNK], &[1, load::CHUNK + 1, 13]] {
+            // (Not `assert_eq!`: the values are long.)
+            let pieces = parsed_in_pieces(body, sizes);
+            assert!(pieces.as_ref() == Ok(&whole), "pieces of {sizes:?}: {:?}", pieces.map(|p| (p.0.len(), p.1, p.2)));
+        }
+        // Cut short anywhere, in pieces: refused as truncated, never read past its bytes.
+        for n in [1, 20, 40, 47, body.len() / 2, body.len() - 1] {
+            let why = parsed_in_pieces(&body[..n], &[5, 1000]).expect_err("truncated");
+            assert!(why.contains("truncated"), "{n}: {why}");
+        }
+        // And read from the file by the reader thread, a chunk at a time.
+        let back = Mirror::new();
+        let loaded = snaps.load("b", stream(401), &back).unwrap().unwrap();
+        assert_eq!((contents(&back), loaded.entries, loaded.markers), (contents(&m), 300, 2));
+        assert!(loaded.took.elapsed >= loaded.took.parsed, "{:?}", loaded.took);
     }
 
     #[test]

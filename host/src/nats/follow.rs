@@ -365,8 +365,8 @@ impl Follower {
         let started = Instant::now();
         match tokio::task::spawn_blocking(move || snapshots.load(&bucket, stream, &into)).await {
             Ok(Ok(Some(loaded))) => {
-                let [read, checked, parsed, built] = loaded.took;
-                tracing::info!(bucket = self.bucket, revision = loaded.revision, keys = loaded.entries, elapsed = ?started.elapsed(), ?read, ?checked, ?parsed, ?built, "mirror loaded from its snapshot; resuming its watch after it");
+                let crate::snapshot::Took { read, hashed, parsed, elapsed: file } = loaded.took;
+                tracing::info!(bucket = self.bucket, revision = loaded.revision, keys = loaded.entries, elapsed = ?started.elapsed(), ?file, ?read, ?hashed, ?parsed, built = ?loaded.built, "mirror loaded from its snapshot; resuming its watch after it");
                 Some(loaded.revision)
             }
             Ok(Ok(None)) => None,
