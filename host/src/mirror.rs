@@ -584,7 +584,12 @@ impl Mirror {
     /// said. The number forgotten.
     pub fn forget_below(&self, first: u64) -> usize {
         let mut s = self.write();
-        let gone: Vec<Box<str>> = s.table.range(Bound::Unbounded).filter(|e| e.1 < first).map(|e| Box::<str>::from(&*e.0)).collect();
+        // A snapshot's oldest entry is usually the stream's first message: nothing to walk.
+        let gone: Vec<Box<str>> = if s.table.none_older_than(first) {
+            Vec::new()
+        } else {
+            s.table.range(Bound::Unbounded).filter(|e| e.1 < first).map(|e| Box::<str>::from(&*e.0)).collect()
+        };
         let markers = s.tombstones.len();
         s.tombstones.retain(|_, r| *r >= first);
         let forgotten = gone.len() + markers - s.tombstones.len();
@@ -1218,6 +1223,33 @@ mod tests {
         assert_eq!((keys(&p), p.more), (vec!["huge.one".to_string()], true));
         let p = m.scan("huge.>", Some("huge.one"), 1000).unwrap();
         assert_eq!((keys(&p), p.more), (vec!["huge.two".to_string()], false));
+    }
+
+    #[test]
+    fn forgets_what_is_older_than_the_first_message_in_the_base_and_the_changes_since() {
+        for (changed, first) in [false, true].into_iter().flat_map(|c| [1, 4, 5, 6, 8, 10].map(|f| (c, f))) {
+            let mut base = Sorted::new();
+            for (k, r) in [("a.a", 5), ("a.b", 7), ("a.c", 8)] {
+                base.push(k, r, b"v");
+            }
+            let m = Mirror::new();
+            m.restore(base, Vec::new(), 8, 1).unwrap();
+            let mut all = vec![("a.a", 5), ("a.b", 7), ("a.c", 8)];
+            if changed {
+                // Changes since the base: one older than all of it, one replacing a base entry.
+                m.put("a.d", 3, b"w");
+                m.put("a.a", 9, b"x");
+                all = vec![("a.a", 9), ("a.b", 7), ("a.c", 8), ("a.d", 3)];
+            }
+            let want: Vec<(String, u64)> = all.iter().filter(|(_, r)| *r >= first).map(|(k, r)| (k.to_string(), *r)).collect();
+            let gone = m.forget_below(first);
+            let mut have = Vec::new();
+            m.visit(None, &mut |k, r, _| {
+                have.push((k.to_string(), r));
+                true
+            });
+            assert_eq!((have, gone), (want.clone(), all.len() - want.len()), "changed {changed}, the first message {first}");
+        }
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct Sorted {
     /// The bytes of the keys and values.
     raw: usize,
     max_revision: u64,
+    /// The oldest revision of a record (0 while there is none).
+    min_revision: u64,
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -188,6 +190,11 @@ impl Sorted {
         self.max_revision
     }
 
+    /// The oldest revision of a record, if there is one.
+    pub fn min_revision(&self) -> Option<u64> {
+        (self.len > 0).then_some(self.min_revision)
+    }
+
     /// Adds a record after the last; false (nothing added) unless `key` sorts after it.
     pub fn push(&mut self, key: &str, revision: u64, value: &[u8]) -> bool {
         if self.len > 0 && self.last.as_str() >= key {
@@ -226,6 +233,7 @@ impl Sorted {
         self.len += 1;
         self.raw += key.len() + value.len();
         self.max_revision = self.max_revision.max(revision);
+        self.min_revision = if self.len == 1 { revision } else { self.min_revision.min(revision) };
     }
 
     /// Gives back the room reserved and not used.
@@ -553,6 +561,12 @@ impl Table {
         self.dead_count += 1;
         self.journal(&Arc::from(key));
         Some(self.base.value_at(p).1.len())
+    }
+
+    /// Whether no current entry is older than `revision`, told without walking the base: its
+    /// oldest record (a removed one too: the answer errs towards a walk) and the delta's.
+    pub(crate) fn none_older_than(&self, revision: u64) -> bool {
+        self.base.min_revision().is_none_or(|m| m >= revision) && self.delta.values().all(|v| v.revision >= revision)
     }
 
     /// The current entries from `start` on, in key order.

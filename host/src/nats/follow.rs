@@ -237,8 +237,13 @@ impl Follower {
             Err(e) => return Followed::Lost(Err(e)),
         };
         if resumed.is_some() {
-            // What the stream no longer holds (expired, purged since the snapshot) is gone.
-            let forgotten = staged.forget_below(state.first_sequence);
+            // What the stream no longer holds (expired, purged since the snapshot) is gone. A
+            // walk of millions of keys, when it must walk: off the runtime thread.
+            let (copy, first) = (staged.clone(), state.first_sequence);
+            let forgotten = match tokio::task::spawn_blocking(move || copy.forget_below(first)).await {
+                Ok(n) => n,
+                Err(e) => return Followed::Lost(Err(Error::new(ErrorKind::Unavailable, format!("forgetting what {bucket} no longer holds: {e}")))),
+            };
             if forgotten > 0 {
                 tracing::info!(bucket, forgotten, first = state.first_sequence, "keys of the snapshot the stream no longer holds forgotten");
             }
