@@ -427,6 +427,14 @@ mod tests {
         assert!(why.contains("longer than 4096"), "{why}");
     }
 
+    /// `m` saved as bucket `b`'s snapshot: the file's body (all but its checksum).
+    fn saved_body(snaps: &Snapshots, m: &Mirror) -> Vec<u8> {
+        snaps.save("b", m).unwrap().unwrap();
+        let mut file = std::fs::read(snaps.path("b")).unwrap();
+        file.truncate(file.len() - 32);
+        file
+    }
+
     /// The entries and markers a parse of `body` fed in pieces of `sizes` (round and round) made.
     fn parsed_in_pieces(body: &[u8], sizes: &[usize]) -> std::result::Result<(Vec<(String, u64, Vec<u8>)>, Vec<(String, u64)>, u64), String> {
         let mut parse = load::Parse::new("b", body.len() as u64);
@@ -459,9 +467,7 @@ mod tests {
         m.delete("n2.zz.config.gone", 401);
         m.set_origin(CREATED);
         m.set_ready(true);
-        snaps.save("b", &m).unwrap().unwrap();
-        let file = std::fs::read(snaps.path("b")).unwrap();
-        let body = &file[..file.len() - 32];
+        let body = &saved_body(&snaps, &m);
         let whole = parsed_in_pieces(body, &[body.len()]).expect("read whole");
         assert!(whole.0 == contents(&m), "read whole, not as saved");
         assert_eq!((whole.1.clone(), whole.2), (vec![("n1.zz.config.gone".to_string(), 400), ("n2.zz.config.gone".to_string(), 401)], 401));
@@ -475,32 +481,22 @@ mod tests {
             let why = parsed_in_pieces(&body[..n], &[5, 1000]).expect_err("truncated");
             assert!(why.contains("truncated"), "{n}: {why}");
         }
+        // And read from the file by the reader thread, a chunk at a time.
+        let back = Mirror::new();
+        let loaded = snaps.load("b", stream(401), &back).unwrap().unwrap();
+        assert_eq!((contents(&back), loaded.entries, loaded.markers), (contents(&m), 300, 2));
+        assert!(loaded.took.elapsed >= loaded.took.parsed, "{:?}", loaded.took);
         // A damaged body (every byte of a small one flipped in turn) gives the same verdict, the
         // same reason, however it is cut.
-        let small = Mirror::new();
-        for (k, r, v) in [("a.b", 1, "one"), ("a.c", 2, "two")] {
-            small.put(k, r, v.as_bytes());
-        }
-        small.delete("a.d", 3);
-        small.set_origin(CREATED);
-        small.set_ready(true);
-        snaps.save("b", &small).unwrap().unwrap();
-        let file = std::fs::read(snaps.path("b")).unwrap();
-        let good = &file[..file.len() - 32];
+        let good = saved_body(&snaps, &mirror_with(&[("a.b", 1, "one"), ("a.c", 2, "two")], &[("a.d", 3)]));
         for i in 0..good.len() {
-            let mut bad = good.to_vec();
+            let mut bad = good.clone();
             bad[i] ^= 0x5a;
             let whole = parsed_in_pieces(&bad, &[bad.len()]);
             for sizes in [&[1][..], &[2, 3], &[5, 8]] {
                 assert_eq!(parsed_in_pieces(&bad, sizes), whole, "byte {i} flipped, in pieces of {sizes:?}");
             }
         }
-        snaps.save("b", &m).unwrap().unwrap();
-        // And read from the file by the reader thread, a chunk at a time.
-        let back = Mirror::new();
-        let loaded = snaps.load("b", stream(401), &back).unwrap().unwrap();
-        assert_eq!((contents(&back), loaded.entries, loaded.markers), (contents(&m), 300, 2));
-        assert!(loaded.took.elapsed >= loaded.took.parsed, "{:?}", loaded.took);
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub(super) fn read(file: File, size: u64, bucket: &str) -> (Result<Read_, String
     let (empty, spent) = std::sync::mpsc::channel::<Vec<u8>>();
     let mut parse = Parse::new(bucket, size);
     let (checked, parsed) = std::thread::scope(|s| {
-        let reader = std::thread::Builder::new().name("snapshot-read".into()).spawn_scoped(s, move || Reader::run(file, full, spent));
+        let reader = std::thread::Builder::new().name("snapshot-read".into()).spawn_scoped(s, move || read_and_hash(file, full, spent));
         let reader = match reader {
             Ok(r) => r,
             Err(e) => return (Err(format!("cannot be read: no thread to read it: {e}")), Duration::ZERO),
@@ -90,68 +90,58 @@ struct Checked {
     hashed: Duration,
 }
 
-struct Reader;
-
-impl Reader {
-    /// Reads `file` to its end, handing all but its last 32 bytes to the parser (`full`) as
-    /// they come and hashing them: `Ok` when the file is a snapshot whose checksum holds.
-    fn run(mut file: File, full: SyncSender<Vec<u8>>, spent: Receiver<Vec<u8>>) -> Result<Checked, String> {
-        let mut hash = Sha256::new();
-        let (mut read, mut hashed) = (Duration::ZERO, Duration::ZERO);
-        // The last bytes read, held back until more follow: the checksum, at the end.
-        let mut held: Vec<u8> = Vec::with_capacity(32);
-        let mut head: Vec<u8> = Vec::with_capacity(MAGIC.len());
-        let mut parsing = true;
-        loop {
-            let mut buf = spent.try_recv().unwrap_or_else(|_| Vec::with_capacity(CHUNK + 32));
-            buf.clear();
-            buf.extend_from_slice(&held);
-            let lap = Instant::now();
-            let got = fill(&mut file, &mut buf, held.len() + CHUNK).map_err(|e| format!("cannot be read: {e}"))?;
-            read += lap.elapsed();
-            if got == 0 {
-                break;
-            }
-            if head.len() < MAGIC.len() {
-                let more = (MAGIC.len() - head.len()).min(got);
-                head.extend_from_slice(&buf[held.len()..held.len() + more]);
-            }
-            let keep = buf.len().min(32);
-            held.clear();
-            held.extend_from_slice(&buf[buf.len() - keep..]);
-            buf.truncate(buf.len() - keep);
-            let lap = Instant::now();
-            hash.update(&buf);
-            hashed += lap.elapsed();
-            // A parser that stopped (a bad record) is not waited for: the checksum still decides.
-            if parsing && !buf.is_empty() && full.send(buf).is_err() {
-                parsing = false;
-            }
+/// Reads `file` to its end, handing all but its last 32 bytes to the parser (`full`) as they
+/// come and hashing them: `Ok` when the file is a snapshot whose checksum holds.
+fn read_and_hash(mut file: File, full: SyncSender<Vec<u8>>, spent: Receiver<Vec<u8>>) -> Result<Checked, String> {
+    let mut hash = Sha256::new();
+    let (mut read, mut hashed) = (Duration::ZERO, Duration::ZERO);
+    // The last bytes read, held back until more follow: the checksum, at the end.
+    let mut held: Vec<u8> = Vec::with_capacity(32);
+    let mut head: Vec<u8> = Vec::with_capacity(MAGIC.len());
+    let mut parsing = true;
+    loop {
+        let mut buf = spent.try_recv().unwrap_or_else(|_| Vec::with_capacity(CHUNK + 32));
+        buf.clear();
+        buf.extend_from_slice(&held);
+        let lap = Instant::now();
+        let got = fill(&mut file, &mut buf, held.len() + CHUNK).map_err(|e| format!("cannot be read: {e}"))?;
+        read += lap.elapsed();
+        if got == 0 {
+            break;
         }
-        drop(full);
-        if head != MAGIC {
-            return Err("it is not a mirror snapshot".into());
+        if head.len() < MAGIC.len() {
+            let more = (MAGIC.len() - head.len()).min(got);
+            head.extend_from_slice(&buf[held.len()..held.len() + more]);
         }
-        if held.len() < 32 {
-            return Err("it ends before its checksum (truncated)".into());
+        let keep = buf.len().min(32);
+        held.clear();
+        held.extend_from_slice(&buf[buf.len() - keep..]);
+        buf.truncate(buf.len() - keep);
+        let lap = Instant::now();
+        hash.update(&buf);
+        hashed += lap.elapsed();
+        // The loading side drains every chunk, even past a bad record; were it gone, the file is
+        // still read to its end: the checksum decides what is said of it.
+        if parsing && !buf.is_empty() && full.send(buf).is_err() {
+            parsing = false;
         }
-        if hash.finalize()[..] != held[..] {
-            return Err("its checksum does not match (damaged or truncated)".into());
-        }
-        Ok(Checked { read, hashed })
     }
+    drop(full);
+    if head != MAGIC {
+        return Err("it is not a mirror snapshot".into());
+    }
+    if held.len() < 32 {
+        return Err("it ends before its checksum (truncated)".into());
+    }
+    if hash.finalize()[..] != held[..] {
+        return Err("its checksum does not match (damaged or truncated)".into());
+    }
+    Ok(Checked { read, hashed })
 }
 
 /// Reads into `buf` until it holds `want` bytes or the file ends: how many bytes were read.
 fn fill(file: &mut File, buf: &mut Vec<u8>, want: usize) -> std::io::Result<usize> {
-    let before = buf.len();
-    while buf.len() < want {
-        let n = (&mut *file).take((want - buf.len()) as u64).read_to_end(buf)?;
-        if n == 0 {
-            break;
-        }
-    }
-    Ok(buf.len() - before)
+    file.take(want.saturating_sub(buf.len()) as u64).read_to_end(buf)
 }
 
 /// Why a record could not be read: its bytes ended (more may come) or it is wrong.
