@@ -159,14 +159,17 @@ async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
         config.max_message_size = spec.limits.max_value;
         changed.push(format!("value-size limit {}", spec.limits.max_value));
     }
-    if changed.is_empty() {
-        return Ok(Outcome::Safe);
+    if !changed.is_empty() {
+        crate::bucket::bounded(|| format!("updating bucket {}", spec.bucket), async {
+            js.update_stream(&config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {}: {e}", spec.bucket)))
+        })
+        .await?;
     }
-    crate::bucket::bounded(|| format!("updating bucket {}", spec.bucket), async {
-        js.update_stream(&config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {}: {e}", spec.bucket)))
-    })
-    .await?;
-    Ok(Outcome::Fixed(changed))
+    // A bucket made before faces existed gets one: without it, no node's KV client binds it.
+    if crate::bucket::ensure_face(js, spec).await? {
+        changed.push(format!("its face {} made", crate::bucket::face_stream(&spec.bucket)));
+    }
+    Ok(if changed.is_empty() { Outcome::Safe } else { Outcome::Fixed(changed) })
 }
 
 /// `mesh-provisioner bootstrap`: prints a line per bucket; an error when any was refused.

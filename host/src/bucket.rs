@@ -8,6 +8,12 @@
 //! writer of a shared bucket (a node, in the needs) would remove every other writer's keys.
 //! Here roll-ups are refused, message deletes by the API are refused (a KV delete is a marker
 //! message, which still works), and every bucket has a byte limit and a value-size limit.
+//!
+//! A bucket every node writes its own keys of (needs, applied, collect) also has a *face*:
+//! `FACE_<bucket>`, a stream with the bucket's settings that holds nothing. A node's account
+//! maps `STREAM.INFO` of the bucket onto it (deploy/nats-server.conf), because a KV client binds
+//! a bucket by asking its stream's info, and the bucket's own info lists every node's keys to
+//! whoever asks with a subjects filter.
 
 use std::time::{Duration, Instant};
 
@@ -51,11 +57,31 @@ pub struct Spec {
     pub max_age: Duration,
     pub replicas: usize,
     pub limits: Limits,
+    /// Whether the bucket is shared by writers of their own keys, who bind it through its face.
+    pub face: bool,
 }
 
 impl Spec {
     pub fn new(bucket: &str, description: &str, history: i64, replicas: usize, limits: Limits) -> Spec {
-        Spec { bucket: bucket.to_string(), description: description.to_string(), history, max_age: Duration::ZERO, replicas, limits }
+        let face = SHARED_BUCKETS.contains(&bucket);
+        Spec { bucket: bucket.to_string(), description: description.to_string(), history, max_age: Duration::ZERO, replicas, limits, face }
+    }
+
+    /// The face of a shared bucket: its settings as a KV client reads them, none of its keys.
+    /// It captures one subject of its own that no one is granted, so it stays empty.
+    pub fn face_config(&self) -> Option<stream::Config> {
+        if !self.face {
+            return None;
+        }
+        Some(stream::Config {
+            name: face_stream(&self.bucket),
+            description: Some(format!("the face of bucket {}: what a writer's KV client binds; it holds nothing", self.bucket)),
+            subjects: vec![format!("mesh-provisioner.face.{}", self.bucket)],
+            storage: stream::StorageType::Memory,
+            max_bytes: 1024,
+            max_messages: 1,
+            ..self.stream_config()
+        })
     }
 
     /// The stream this bucket is: a KV bucket's subjects and settings, with roll-ups and API
@@ -83,6 +109,14 @@ impl Spec {
             ..Default::default()
         }
     }
+}
+
+/// The buckets every node writes its own keys of: each has a face.
+pub const SHARED_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
+
+/// The name of `bucket`'s face stream.
+pub fn face_stream(bucket: &str) -> String {
+    format!("FACE_{bucket}")
 }
 
 /// What a stream is, read as a bucket.
@@ -205,7 +239,31 @@ pub async fn create_stream(js: &jetstream::Context, spec: &Spec) -> Result<()> {
         js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
     })
     .await?;
+    ensure_face(js, spec).await?;
     Ok(())
+}
+
+/// Makes `spec`'s face if it has one and it does not exist (one attempt, under
+/// [`BUS_DEADLINE`]); whether it was made.
+pub async fn ensure_face(js: &jetstream::Context, spec: &Spec) -> Result<bool> {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    let Some(config) = spec.face_config() else { return Ok(false) };
+    let bucket = spec.bucket.as_str();
+    bounded(|| format!("making the face of bucket {bucket}"), async {
+        match js.get_stream(config.name.clone()).await {
+            Ok(_) => Ok(false),
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => js
+                    .create_stream(config)
+                    .await
+                    .map(|_| true)
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("making the face of bucket {bucket}: {e}"))),
+                _ => Err(Error::new(ErrorKind::Unavailable, format!("the face of bucket {bucket}: {e}"))),
+            },
+        }
+    })
+    .await
 }
 
 /// Creates `spec.bucket` and opens it.
@@ -243,6 +301,7 @@ pub async fn stream_state(js: &jetstream::Context, bucket: &str) -> Result<Optio
 /// created.
 pub async fn ensure_bucket(js: &jetstream::Context, spec: &Spec) -> Result<bool> {
     if stream_state(js, &spec.bucket).await?.is_some() {
+        ensure_face(js, spec).await?;
         return Ok(false);
     }
     create_stream(js, spec).await?;
@@ -290,6 +349,22 @@ mod tests {
         let Shape::Bucket { unsafe_settings } = shape(b, &old) else { panic!("refused") };
         assert_eq!(unsafe_settings.len(), 3, "{unsafe_settings:?}");
         assert!(unsafe_settings[0].contains("roll-ups") && unsafe_settings[1].contains("byte limit") && unsafe_settings[2].contains("value-size"));
+    }
+
+    #[test]
+    fn a_shared_bucket_has_an_empty_face_with_its_settings_and_no_other_bucket_has_one() {
+        let needs = Spec::new("mesh-provisioner_needs", "test", 1, 3, Limits::default());
+        let face = needs.face_config().expect("the needs bucket has a face");
+        let bucket = needs.stream_config();
+        assert_eq!(face.name, "FACE_mesh-provisioner_needs");
+        assert_eq!(face.subjects, ["mesh-provisioner.face.mesh-provisioner_needs"]);
+        // What a KV client reads of it: one value a key, direct gets, no mirror; the limits shown.
+        assert_eq!((face.max_messages_per_subject, face.allow_direct, face.mirror.is_none()), (1, true, true));
+        assert_eq!((face.max_message_size, face.num_replicas, face.allow_rollup), (bucket.max_message_size, 3, false));
+        assert!(face.max_bytes > 0 && face.max_bytes < 4096 && face.storage == stream::StorageType::Memory);
+        for other in ["mesh-provisioner_registry", "mesh-provisioner_seat", "composed-alpha", "postgres_bound"] {
+            assert!(Spec::new(other, "test", 1, 1, Limits::default()).face_config().is_none(), "{other} has a face");
+        }
     }
 
     #[test]

@@ -106,6 +106,26 @@ pub fn inbox_of(user: &str) -> String {
     format!("_INBOX_{user}")
 }
 
+/// The JetStream domain through which a party outside the buckets' account reaches what its
+/// account imports of the JetStream API (`$JS.mesh.API.…`, deploy/nats-server.conf): in an
+/// account without JetStream, the server itself answers the plain `$JS.API.…` ("not enabled").
+pub const PARTY_DOMAIN: &str = "mesh";
+
+/// The users of the example config's buckets' account (`MESH`); every other user is a party of
+/// an account of its own.
+pub const MESH_USERS: [&str; 3] = ["mesh-provisioner", "mesh-provisioner-service", OPERATOR_USER];
+
+/// A JetStream context for `client`, logged in as `user` of the example config: through
+/// [`PARTY_DOMAIN`] for a party outside the buckets' account, so its standard KV client binds,
+/// writes and reads its own keys.
+pub fn jetstream_of(client: Client, user: &str) -> async_nats::jetstream::Context {
+    if MESH_USERS.contains(&user) {
+        async_nats::jetstream::new(client)
+    } else {
+        async_nats::jetstream::with_domain(client, PARTY_DOMAIN)
+    }
+}
+
 /// Connect options for `login` with the TLS flags of `c`, the inbox prefix `inbox` and the
 /// connection name `name`.
 pub async fn options_for(c: &Connect, login: Login<'_>, inbox: &str, name: &str) -> Result<ConnectOptions> {

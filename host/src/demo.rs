@@ -72,7 +72,7 @@ async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
         .connect(&access.url)
         .await
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("demo: connecting as {user}: {e}")))?;
-    Ok(jetstream::new(client))
+    Ok(crate::connect::jetstream_of(client, user))
 }
 
 fn fail(user: &str, what: &str, e: &dyn std::fmt::Display) -> Error {

@@ -118,9 +118,10 @@ impl Bus {
         (client, denials)
     }
 
-    /// A JetStream context for `user` with a short timeout, so refused writes fail quickly.
+    /// A JetStream context for `user` with a short timeout, so refused writes fail quickly; a
+    /// party outside the buckets' account reaches its imports through its JetStream domain.
     pub async fn js(&self, user: &str) -> jetstream::Context {
-        let mut js = jetstream::new(self.client(user).await);
+        let mut js = mesh_provisioner::connect::jetstream_of(self.client(user).await, user);
         js.set_timeout(Duration::from_millis(1500));
         js
     }
@@ -182,12 +183,13 @@ pub fn bucket_with_ttls(bucket: &str) -> jetstream::stream::Config {
     }
 }
 
-/// Makes the bucket `spec` through `js` (the operator's), retrying while a cluster elects.
+/// Makes the bucket `spec` (and its face, for a shared bucket) through `js` (the operator's),
+/// retrying while a cluster elects.
 pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucket::Spec) {
     let start = Instant::now();
     loop {
-        match js.create_stream(spec.stream_config()).await {
-            Ok(_) => return,
+        match mesh_provisioner::bucket::create_stream(js, spec).await {
+            Ok(()) => return,
             Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
             Err(e) => panic!("the operator makes {}: {e}", spec.bucket),
         }

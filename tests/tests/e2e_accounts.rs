@@ -15,7 +15,7 @@ use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tests::browser::get;
-use tests::nats::{ask_ok, ask_raw, ask_verb, module_status as status, stats_data, status_until, Bus, Host, OPERATOR};
+use tests::nats::{ask_ok, ask_raw, ask_verb, module_status as status, status_until, Bus, Host, OPERATOR};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";
@@ -23,15 +23,7 @@ const SEAT: &str = "mesh-provisioner_seat";
 const REGISTRY: &str = "mesh-provisioner_registry";
 const BOUND: &str = "postgres_bound";
 const CONFIG: &str = "mesh-config_values";
-
-/// What a stream holds now: its last sequence and message count.
-async fn stream_state(js: &jetstream::Context, bucket: &str) -> (u64, u64) {
-    let mut s = js.get_stream(format!("KV_{bucket}")).await.unwrap_or_else(|e| panic!("stream of {bucket}: {e}"));
-    let info = s.info().await.unwrap_or_else(|e| panic!("info of {bucket}: {e}"));
-    (info.state.last_sequence, info.state.messages)
-}
-
-
+const STATES: &str = "mesh-provisioner_states";
 
 fn warnings(s: &Value) -> Vec<String> {
     s["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(str::to_string)).collect()
@@ -117,73 +109,141 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     let holder = bus.seat_holder().await.expect("a holder");
     status_until(&alpha, "alpha", "app", "its needs", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2)).await;
 
-    // 1. Replies aimed at the seat, the registry and another node's notices land nowhere.
-    let (beta_stop, beta_heard) = listen(beta.clone(), vec!["mesh-provisioner.notice.beta".into()]);
-    let seat_before = stream_state(&js, SEAT).await;
-    let registry_before = stream_state(&js, REGISTRY).await;
-    let aims = ["$KV.mesh-provisioner_seat.holder", "$KV.mesh-provisioner_registry.config", "$KV.mesh-provisioner_registry.forged", "mesh-provisioner.notice.beta"];
-    let asks: [(&str, &[u8]); 5] = [
-        ("mesh-provisioner.provisioning", b"{}"),
-        ("mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#),
-        ("$SRV.PING", b""),
-        ("$SRV.INFO.mesh-provisioner", b""),
-        ("$SRV.STATS.mesh-provisioner", b""),
+    // 1. Every party is an account of its own (SPEC §8). As a node (with and without a
+    // permission list: its client and its leaf server's user), a provider and the config
+    // domain, each stores a lease, a delete marker, a plan and an event under a key of its own,
+    // then asks every responder it can reach — the JetStream API, a direct get of what it
+    // stored, a consumer delivering anywhere, the verbs, discovery — with the reply aimed at
+    // each subject it may not write. An answer crosses back only to the account that asked:
+    // nothing lands, nothing is forged, the seat never moves.
+    let targets: [(&str, &str); 13] = [
+        (SEAT, "holder"),
+        (REGISTRY, "config"),
+        (REGISTRY, "forged"),
+        (STATES, "beta.forged"),
+        (STATES, "forged"),
+        (NEEDS, "beta.web.config.base_url"),
+        (NEEDS, "beta.web.config.planted"),
+        (APPLIED, "beta.web"),
+        ("composed-beta", "web.w1"),
+        (BOUND, "beta.web.db"),
+        (CONFIG, "beta.web.base_url"),
+        ("mesh-controller_assignments", "beta.web"),
+        ("mesh-indexer_builds", "web"),
     ];
-    for _ in 0..3 {
-        for aim in aims {
-            for (subject, body) in asks {
-                alpha.publish_with_reply(subject, aim, bytes::Bytes::copy_from_slice(body)).await.expect("publish");
+    let revisions = |js: jetstream::Context| async move {
+        let mut out = Vec::new();
+        for (bucket, key) in targets {
+            let kv = js.get_key_value(bucket).await.unwrap_or_else(|e| panic!("the operator opens {bucket}: {e}"));
+            let entry = kv.entry(key).await.unwrap_or_else(|e| panic!("the operator reads {bucket}/{key}: {e}"));
+            // The seat's lease is renewed all along: its holder is what must not move.
+            let value = if bucket == SEAT { entry.as_ref().and_then(|e| serde_json::from_slice::<Value>(&e.value).ok()).map(|v| v["instance"].clone()) } else { None };
+            out.push((bucket, key, if bucket == SEAT { None } else { entry.map(|e| e.revision) }, value));
+        }
+        out
+    };
+    let consumers = |js: jetstream::Context| async move {
+        let mut out = Vec::new();
+        for bucket in [NEEDS, BOUND, CONFIG] {
+            out.push((bucket, js.get_stream(format!("KV_{bucket}")).await.expect("stream").cached_info().state.consumer_count));
+        }
+        out
+    };
+    let before = revisions(js.clone()).await;
+    let consumers_before = consumers(js.clone()).await;
+    let (beta_stop, beta_heard) = listen(beta.clone(), vec!["mesh-provisioner.notice.beta".into(), "mesh-provisioner.event.beta".into()]);
+    let mut aims: Vec<String> = targets.iter().map(|(b, k)| format!("$KV.{b}.{k}")).collect();
+    aims.extend(["mesh-provisioner.notice.beta", "mesh-provisioner.event.beta", "mesh-provisioner.provisioning", "$JS.EVENT.ADVISORY.STREAM.CREATED.KV_x"].map(String::from));
+    let lease = br#"{"instance":"forged-lease","renewed":"2026-12-03T00:00:00Z"}"#.to_vec();
+    let plan = br#"{"state":"published","plan":{"parts":["x"],"needs":[{"kind":"secret","name":"forged","part":"x"}],"dirs":[{"name":"state","unknown_files":"delete"}]}}"#.to_vec();
+    let event = br#"{"node":"beta","module":"web","state":"blocked","was":"applied","reason":"forged","since":"2026-12-03T00:00:00Z"}"#.to_vec();
+    // Each party, and the bucket and key prefix it may write.
+    let parties = [("node-alpha", NEEDS, "alpha.evil.config"), ("leaf-alpha", NEEDS, "alpha.evil.config"), ("provider-postgres", BOUND, "evil"), ("mesh-config", CONFIG, "evil")];
+    for (party, bucket, prefix) in parties {
+        let c = bus.client(party).await;
+        let pjs = mesh_provisioner::connect::jetstream_of(c.clone(), party);
+        let mut stored = Vec::new();
+        for (name, payload, marker) in [("lease", &lease, false), ("plan", &plan, false), ("event", &event, false), ("marker", &Vec::new(), true)] {
+            let subject = format!("$KV.{bucket}.{prefix}.{name}");
+            let mut headers = HeaderMap::new();
+            if marker {
+                headers.insert("KV-Operation", "DEL");
+            }
+            let ack = pjs.publish_with_headers(subject.clone(), headers, payload.clone().into()).await.expect("sent");
+            ack.await.unwrap_or_else(|e| panic!("{party} writes its own {subject}: {e}"));
+            stored.push(subject);
+        }
+        let mut asks: Vec<(String, Vec<u8>)> = vec![
+            ("$JS.API.INFO".into(), vec![]),
+            ("$JS.API.STREAM.NAMES".into(), vec![]),
+            (format!("$JS.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec()),
+            (format!("$JS.API.STREAM.INFO.KV_{bucket}"), br#"{"subjects_filter":">"}"#.to_vec()),
+            (format!("$JS.API.STREAM.MSG.GET.KV_{NEEDS}"), br#"{"last_by_subj":"$KV.mesh-provisioner_needs.beta.web.config.base_url"}"#.to_vec()),
+            ("mesh-provisioner.provisioning".into(), b"{}".to_vec()),
+            ("mesh-provisioner.plan".into(), br#"{"node":"alpha","module":"app"}"#.to_vec()),
+            ("$SRV.PING".into(), vec![]),
+            ("$SRV.PING.mesh-provisioner".into(), vec![]),
+            ("$SRV.INFO.mesh-provisioner".into(), vec![]),
+            ("$SRV.STATS.mesh-provisioner".into(), vec![]),
+        ];
+        for subject in &stored {
+            asks.push((format!("$JS.API.DIRECT.GET.KV_{bucket}.{subject}"), vec![]));
+        }
+        // Each JetStream request again through the party's domain, where its account's
+        // imports of the API are (a direct get of what it stored is answered there).
+        let domain: Vec<(String, Vec<u8>)> = asks.iter().filter_map(|(s, b)| s.strip_prefix("$JS.API.").map(|rest| (format!("$JS.mesh.API.{rest}"), b.clone()))).collect();
+        asks.extend(domain);
+        for aim in &aims {
+            let consumer = json!({"stream_name": format!("KV_{bucket}"), "config": {"deliver_subject": aim, "ack_policy": "none", "deliver_policy": "all"}});
+            for api in ["$JS.API", "$JS.mesh.API"] {
+                c.publish_with_reply(format!("{api}.CONSUMER.CREATE.KV_{bucket}"), aim.clone(), serde_json::to_vec(&consumer).expect("json").into()).await.expect("sent");
+            }
+            for (subject, body) in &asks {
+                c.publish_with_reply(subject.clone(), aim.clone(), body.clone().into()).await.expect("sent");
             }
         }
-    }
-    alpha.flush().await.expect("flush");
-    // The refusals are counted: 3 rounds × 4 aims for each endpoint, and for the $SRV subjects.
-    let start = Instant::now();
-    let data = loop {
-        let d = stats_data(&alpha).await;
-        if d["refused_replies"].as_u64().unwrap_or(0) >= 12 && d["srv_refused_replies"].as_u64().unwrap_or(0) >= 36 {
-            break d;
+        c.flush().await.expect("flush");
+        // What a node's KV client sees of the shared bucket: its face, none of its keys, and
+        // no other node's value through a get.
+        if party.starts_with("node-") || party.starts_with("leaf-") {
+            let kv = pjs.get_key_value(NEEDS).await.unwrap_or_else(|e| panic!("{party}'s KV client binds the needs: {e}"));
+            assert_eq!(kv.stream.cached_info().state.messages, 0, "{party} learnt the needs' size: {:?}", kv.stream.cached_info().state);
+            let listed = c.request(format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec().into()).await.expect("the face answers");
+            let text = String::from_utf8_lossy(&listed.payload);
+            assert!(!text.contains("beta.") && !text.contains("alpha.app"), "{party} listed keys: {text}");
+            assert!(kv.get("alpha.evil.config.lease").await.expect("a get of its own key").is_some(), "{party} reads its own key back");
+            assert!(!matches!(kv.get("beta.web.config.base_url").await, Ok(Some(_))), "{party} read beta's need");
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "the refusals were not counted: {d}");
+        // The verb answers all along.
+        let (code, v) = ask_raw(&alpha, b"{}").await.expect("the verb answers");
+        assert_eq!(code, None, "the verb stopped answering during {party}'s attacks: {v}");
+    }
+    // A positive event after every attack: alpha's next write answered by the verb.
+    bus.put("node-alpha", NEEDS, "alpha.app.config.after_attacks", br#"{"placeholder":"${config:after_attacks}"}"#).await;
+    let start = Instant::now();
+    while !tests::keys(&ask_ok(&alpha, json!({"what":"needs","node":"alpha","module":"app"})).await).iter().any(|k| k == "alpha.app.config.after_attacks") {
+        assert!(start.elapsed() < Duration::from_secs(10), "alpha's write after the attacks was never answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(data["srv_refused_replies"], 36, "{data}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = revisions(js.clone()).await;
+    assert_eq!(after, before, "a key another party may not write changed");
+    assert_eq!(bus.seat_holder().await.as_deref(), Some(holder.as_str()), "the seat stayed with its holder");
     let seat_keys: Vec<String> = js.get_key_value(SEAT).await.expect("seat").keys().await.expect("keys").filter_map(|k| async { k.ok() }).collect().await;
     assert_eq!(seat_keys, ["holder"], "nothing but the lease in the seat's bucket");
-    assert!(stream_state(&js, SEAT).await.1 <= seat_before.1.max(1), "the seat's bucket holds the lease alone");
-    let registry_after = stream_state(&js, REGISTRY).await;
-    assert_eq!(registry_after, registry_before, "nothing was written into the registry");
-    let seat_kv = js.get_key_value(SEAT).await.expect("seat bucket");
-    let lease: Value = serde_json::from_slice(&seat_kv.get("holder").await.expect("read").expect("a lease")).expect("the lease is the holder's JSON");
-    assert_eq!(lease["instance"], holder, "the seat still names its holder: {lease}");
-    let keys: Vec<String> = js.get_key_value(REGISTRY).await.expect("registry").keys().await.expect("keys").filter_map(|k| async { k.ok() }).collect().await;
-    assert!(!keys.iter().any(|k| k == "forged"), "{keys:?}");
-    // Logged once per requester, not per request.
-    let log = host.log_text();
-    for aim in aims {
-        let requester = aim.rsplit_once('.').map_or(aim, |(h, _)| h);
-        let lines = log.lines().filter(|l| l.contains("not an inbox") && l.contains(&format!("{requester:?}"))).count();
-        assert_eq!(lines, 1, "refusals toward {requester} logged {lines} times:\n{log}");
+    assert_eq!(consumers(js.clone()).await, consumers_before, "a party made a consumer");
+    assert!(js.get_stream("KV_x").await.is_err(), "no stream was made");
+    // Each party's own key took what it wrote, and nothing else.
+    let needs = tests::keys(&ask_ok(&alpha, json!({"what":"needs","node":"beta"})).await);
+    assert_eq!(needs, ["beta.web.config.base_url"], "beta's needs: {needs:?}");
+    let _ = beta_stop.send(());
+    let beta_told = beta_heard.await.expect("listener");
+    for (subject, payload) in &beta_told {
+        let text = String::from_utf8_lossy(payload);
+        assert!(!text.contains("forged") && !text.contains("io.nats") && !text.contains("mesh-provisioner_needs"), "beta was told {text} on {subject}");
     }
-    assert_eq!(metric(&http, "mesh_provisioner_refused_replies_total{endpoint=\"provisioning\"}").await, Some(12.0));
     // The verb carries on, for alpha on its own inbox.
-    assert!(ask_ok(&alpha, json!({"what":"needs","node":"alpha"})).await["entries"].as_array().is_some_and(|e| e.len() == 2));
-    // The JetStream API answers wherever a request names, too, and no config of one account
-    // stops it: a node lands the API's answer on the seat's key, again and again for longer
-    // than the lease. That is no lease: the holder writes over it and never stops serving.
-    for _ in 0..15 {
-        alpha.publish_with_reply("$JS.API.INFO", "$KV.mesh-provisioner_seat.holder", "".into()).await.expect("sent");
-        let (code, v) = ask_raw(&alpha, b"{}").await.expect("the verb answers");
-        assert_eq!(code, None, "the holder stopped serving: {v}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    // The last answer landed is written over at the holder's next renewal (a third of the TTL).
-    let start = Instant::now();
-    while bus.seat_holder().await.as_deref() != Some(holder.as_str()) {
-        assert!(start.elapsed() < Duration::from_secs(3), "the holder did not write over the API's answer within a TTL");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(host.log_text().contains("no lease was written on the seat's key"), "{}", host.log_text());
+    assert!(ask_ok(&alpha, json!({"what":"needs","node":"alpha","module":"app"})).await["entries"].as_array().is_some_and(|e| e.len() == 3));
 
     // 2. Listening on every subject its grant allows, a node hears no one else's values or
     // answers, while the provider, mesh-config and another node work.
@@ -216,7 +276,7 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
 
     // 3. A node's roll-up or purge removes nothing of another's; its own delete still works.
     let beta_keys_before = tests::nats::answered_keys(&beta, json!({"what":"needs","node":"beta"}), Duration::from_secs(5)).await.expect("beta's needs");
-    let ajs = jetstream::new(alpha.clone());
+    let ajs = mesh_provisioner::connect::jetstream_of(alpha.clone(), "node-alpha");
     for rollup in ["all", "sub"] {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Rollup", rollup);
@@ -233,7 +293,7 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     akv.delete("alpha.app.config.db_url").await.expect("a node deletes its own key");
     let beta_keys_after = tests::nats::answered_keys(&beta, json!({"what":"needs","node":"beta"}), Duration::from_secs(5)).await.expect("beta's needs");
     assert_eq!(beta_keys_after, beta_keys_before, "beta's keys are all there");
-    status_until(&alpha, "alpha", "app", "its deleted need gone", |s| s["needs"].as_array().is_some_and(|n| n.len() == 1)).await;
+    status_until(&alpha, "alpha", "app", "its deleted need gone", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2 && !s.to_string().contains("db_url"))).await;
 
     // 4. Streams are made by the operator alone; one not shaped as a bucket is refused, said in
     // status, and never takes status down for the rest; one capturing the verbs is reported.
@@ -285,6 +345,10 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     let big = vec![b'x'; 70 << 10];
     let err = akv.put("alpha.app.config.huge", big.into()).await.expect_err("a value past 64 KiB is refused");
     assert!(err.to_string().to_lowercase().contains("maximum"), "{err}");
+    // Keys past the quota (--node-quota-keys 40), while the bucket still has room.
+    for i in 0..30 {
+        akv.put(format!("alpha.many.config.k{i}"), "{}".into()).await.expect("a small need fits");
+    }
     // Bytes: the host made the needs with a 1 MiB limit (--bucket-max-mib 1).
     let chunk = vec![b'y'; 60 << 10];
     let mut refused = None;
@@ -296,9 +360,6 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     }
     let refused = refused.expect("the bucket's byte limit refuses writes past it");
     assert!(refused.to_lowercase().contains("maximum bytes"), "{refused}");
-    for i in 0..30 {
-        akv.put(format!("alpha.many.config.k{i}"), "{}".into()).await.ok();
-    }
     let s = status_until(&alpha, "alpha", "app", "alpha past its quota and the unsafe bucket", |s| {
         let w = warnings(s).join("\n");
         w.contains("node alpha holds") && w.contains("bucket postgres_bound allows roll-ups")
@@ -327,9 +388,6 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     let told = told.unwrap_or_else(|| panic!("alpha was never told its bound value changed ({:?})", start.elapsed()));
     let notice: Value = serde_json::from_slice(&told.payload).expect("a notice is JSON");
     assert_eq!(notice["module"], "app", "{notice}");
-    let _ = beta_stop.send(());
-    let beta_notices = beta_heard.await.expect("listener");
-    assert!(beta_notices.iter().all(|(_, p)| serde_json::from_slice::<Value>(p).is_ok_and(|v| v["module"] == "web")), "a notice to beta that the holder did not send: {beta_notices:?}");
     let (code, plan) = ask_verb(&alpha, "mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#).await.expect("the plan verb answers");
     assert_eq!(code, None, "{plan}");
     assert!(plan.to_string().contains("postgres_bound"), "alpha/app's provisions: {plan}");
@@ -343,7 +401,7 @@ async fn mirrors_past_the_memory_budget_are_refused_and_said_not_grown() {
     let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--mirror-budget-mib", "1"]).await;
     let http = host.http_url().await;
     let alpha = bus.client("node-alpha").await;
-    let kv = jetstream::new(alpha.clone()).get_key_value(NEEDS).await.expect("needs");
+    let kv = mesh_provisioner::connect::jetstream_of(alpha.clone(), "node-alpha").get_key_value(NEEDS).await.expect("needs");
     let value = vec![b'z'; 60 << 10];
     for i in 0..24 {
         kv.put(format!("alpha.app.config.v{i}"), value.clone().into()).await.expect("within the bucket's limits");

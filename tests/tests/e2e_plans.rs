@@ -141,24 +141,24 @@ async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
         c.publish(subject.to_string(), "{}".into()).await.expect("publish");
         c.flush().await.expect("flush");
     }
-    let js = |c: &Client| {
-        let mut js = async_nats::jetstream::new(c.clone());
+    let js = |c: &Client, user: &str| {
+        let mut js = mesh_provisioner::connect::jetstream_of(c.clone(), user);
         js.set_timeout(Duration::from_millis(1500));
         js
     };
     // A node's engine writes its own node's compositions and no other's.
     let (alpha, denied) = bus.watched("node-alpha").await;
-    assert!(js(&alpha).get_key_value("composed-alpha").await.unwrap().put("app.b1", "{}".into()).await.is_ok());
-    assert!(js(&alpha).get_key_value("composed-beta").await.is_err(), "node-alpha opened composed-beta");
-    denied.expect("Publish to", "$JS.API.STREAM.INFO.KV_composed-beta").await;
+    assert!(js(&alpha, "node-alpha").get_key_value("composed-alpha").await.unwrap().put("app.b1", "{}".into()).await.is_ok());
+    assert!(js(&alpha, "node-alpha").get_key_value("composed-beta").await.is_err(), "node-alpha opened composed-beta");
+    denied.expect("Publish to", "$JS.mesh.API.STREAM.INFO.KV_composed-beta").await;
     publish(&alpha, "$KV.composed-beta.app.b1").await;
     denied.expect("Publish to", "$KV.composed-beta.app.b1").await;
-    assert!(js(&alpha).get_key_value("mesh-controller_assignments").await.is_err());
-    denied.expect("Publish to", "$JS.API.STREAM.INFO.KV_mesh-controller_assignments").await;
+    assert!(js(&alpha, "node-alpha").get_key_value("mesh-controller_assignments").await.is_err());
+    denied.expect("Publish to", "$JS.mesh.API.STREAM.INFO.KV_mesh-controller_assignments").await;
     // The controller writes assignments only; the indexer builds only.
     let (controller, cdenied) = bus.watched("mesh-controller").await;
-    assert!(js(&controller).get_key_value("mesh-indexer_builds").await.is_err());
-    cdenied.expect("Publish to", "$JS.API.STREAM.INFO.KV_mesh-indexer_builds").await;
+    assert!(js(&controller, "mesh-controller").get_key_value("mesh-indexer_builds").await.is_err());
+    cdenied.expect("Publish to", "$JS.mesh.API.STREAM.INFO.KV_mesh-indexer_builds").await;
     publish(&controller, "$KV.composed-alpha.app.b2").await;
     cdenied.expect("Publish to", "$KV.composed-alpha.app.b2").await;
     let (indexer, idenied) = bus.watched("mesh-indexer").await;
@@ -167,11 +167,11 @@ async fn each_writer_of_plan_inputs_is_held_to_its_own_bucket() {
     // The provisioner reads them all and writes none.
     let (prov, pdenied) = bus.watched("mesh-provisioner").await;
     for (_, bucket) in PLAN_BUCKETS {
-        let kv = js(&prov).get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
+        let kv = js(&prov, "mesh-provisioner").get_key_value(bucket).await.unwrap_or_else(|e| panic!("the provisioner reads {bucket}: {e}"));
         assert!(kv.put("alpha.app", "{}".into()).await.is_err(), "the provisioner wrote {bucket}");
         pdenied.expect("Publish to", &format!("$KV.{bucket}.alpha.app")).await;
     }
-    let pjs = js(&prov);
+    let pjs = js(&prov, "mesh-provisioner");
     assert_eq!(pjs.get_key_value("composed-alpha").await.unwrap().get("app.b1").await.unwrap().as_deref(), Some(&b"{}"[..]));
     // Nothing refused landed.
     assert!(pjs.get_key_value("composed-beta").await.unwrap().get("app.b1").await.unwrap().is_none());

@@ -191,17 +191,17 @@ async fn the_server_refuses_writes_outside_each_users_grant() {
 
     // A node user can neither open nor write the registry.
     let (alpha, denied) = bus.watched("node-alpha").await;
-    let mut ajs = async_nats::jetstream::new(alpha.clone());
+    let mut ajs = mesh_provisioner::connect::jetstream_of(alpha.clone(), "node-alpha");
     ajs.set_timeout(Duration::from_millis(1500));
     assert!(ajs.get_key_value(REGISTRY).await.is_err());
-    denied.expect("Publish to", &format!("$JS.API.STREAM.INFO.KV_{REGISTRY}")).await;
+    denied.expect("Publish to", &format!("$JS.mesh.API.STREAM.INFO.KV_{REGISTRY}")).await;
     publish(&alpha, &format!("$KV.{REGISTRY}.config")).await;
     denied.expect("Publish to", &format!("$KV.{REGISTRY}.config")).await;
 
     // Nor another node's keys of needs, applied or collect; its own it may write.
     let needs = ajs.get_key_value(NEEDS).await.unwrap();
     assert!(needs.put("beta.app.config.x", "{}".into()).await.is_err());
-    denied.expect("Publish to", &format!("$KV.{NEEDS}.beta.app.config.x")).await;
+    denied.expect("Publish to", &format!("$JS.mesh.API.$KV.{NEEDS}.beta.app.config.x")).await;
     for (bucket, key) in [(APPLIED, "beta.app"), (COLLECT, "beta.shell.app")] {
         publish(&alpha, &format!("$KV.{bucket}.{key}")).await;
         denied.expect("Publish to", &format!("$KV.{bucket}.{key}")).await;
@@ -228,7 +228,7 @@ async fn the_server_refuses_writes_outside_each_users_grant() {
         format!("$JS.API.STREAM.PURGE.KV_{APPLIED}"),
         format!("$JS.API.STREAM.UPDATE.KV_{COLLECT}"),
         format!("$JS.API.STREAM.MSG.DELETE.KV_{NEEDS}"),
-        format!("$JS.API.CONSUMER.DELETE.KV_{NEEDS}.x"),
+        // (It may delete consumers on the buckets it mirrors: only its own are there.)
         "$JS.API.STREAM.CREATE.KV_composed-alpha".to_string(),
         // Nor read a bucket it neither serves, follows nor checks.
         "$JS.API.STREAM.INFO.KV_payroll".to_string(),
@@ -245,14 +245,20 @@ async fn the_server_refuses_writes_outside_each_users_grant() {
     prov.flush().await.unwrap();
     pdenied.expect("Subscription to", "mesh-vault.>").await;
 
-    // A provider reads the needs and writes none.
+    // A provider reads the needs through the verb and writes none: the nodes' bucket is not
+    // its to bind (SPEC §8).
     let (provider, vdenied) = bus.watched("provider-postgres").await;
-    let mut vjs = async_nats::jetstream::new(provider.clone());
+    let mut vjs = mesh_provisioner::connect::jetstream_of(provider.clone(), "provider-postgres");
     vjs.set_timeout(Duration::from_millis(1500));
-    let pn = vjs.get_key_value(NEEDS).await.unwrap();
-    assert_eq!(pn.get("alpha.app.config.x").await.unwrap().as_deref(), Some(&b"{}"[..]));
-    assert!(pn.put("alpha.app.config.z", "{}".into()).await.is_err());
+    assert!(vjs.get_key_value(NEEDS).await.is_err(), "the provider bound the needs");
+    vdenied.expect("Publish to", &format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}")).await;
+    publish(&provider, &format!("$KV.{NEEDS}.alpha.app.config.z")).await;
     vdenied.expect("Publish to", &format!("$KV.{NEEDS}.alpha.app.config.z")).await;
+    let start = std::time::Instant::now();
+    while !tests::keys(&tests::nats::ask_ok(&provider, serde_json::json!({"what":"needs","node":"alpha"})).await).contains(&"alpha.app.config.x".to_string()) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the provider never read alpha's need through the verb");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // The config domain writes only its values; the vault publishes to no bucket.
     let (cfg, cdenied) = bus.watched("mesh-config").await;

@@ -38,7 +38,7 @@ mod writes;
 use writes::{cas_put, update_err};
 
 /// The buckets the node clients write and the provisioner reads.
-pub const CLIENT_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
+pub const CLIENT_BUCKETS: [&str; 3] = crate::bucket::SHARED_BUCKETS;
 /// The buckets every instance keeps mirrored, standby included (so taking over is quick): the
 /// registry and the node clients' buckets. An instance is ready when these are in sync.
 pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_BUCKETS[1], CLIENT_BUCKETS[2]];
