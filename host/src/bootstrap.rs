@@ -10,13 +10,18 @@
 //! with each provider for the others (`<provider>_bound`). A bucket that exists is made safe in
 //! place (an update of its stream); a stream of a bucket's name that is not a bucket is refused
 //! and left alone (the operator deletes it).
+//!
+//! The buckets every node writes (needs, applied, collect) are made of the nodes' shares
+//! (`bucket::Share`): a stream a node, `NODE_<node>`, and each bucket sourcing all of them. A
+//! node named anew gets its stream and is added to each bucket's sources; one of those buckets
+//! made before as one stream gives up its subjects (its keys stay) and sources the shares.
 
 use std::sync::Arc;
 
 use async_nats::jetstream;
 
 use crate::backend::MemoryBackend;
-use crate::bucket::{shape, stream_info, Limits, Shape, Spec};
+use crate::bucket::{node_config, node_stream, shape, stream_info, Limits, Shape, Share, Spec};
 use crate::cli::BucketFlags;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::Guest;
@@ -25,6 +30,10 @@ use crate::runtime::Guest;
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub buckets: Vec<Spec>,
+    /// The nodes whose shares make the buckets every node writes (none: each is made as one
+    /// stream, as `serve` makes it).
+    pub nodes: Vec<String>,
+    pub share: Share,
 }
 
 impl Plan {
@@ -57,7 +66,7 @@ impl Plan {
                 }
             }
         }
-        Ok(Plan { buckets })
+        Ok(Plan { buckets, nodes: nodes.iter().map(|n| n.to_string()).collect(), share: flags.share() })
     }
 }
 
@@ -118,17 +127,84 @@ impl Report {
     }
 }
 
-/// Makes or makes safe every bucket of `plan`.
+/// Makes or makes safe every bucket of `plan`, and each node's share.
 pub async fn apply(js: &jetstream::Context, plan: &Plan) -> Report {
     let mut report = Report::default();
+    let nodes: Vec<&str> = plan.nodes.iter().map(String::as_str).collect();
     for spec in &plan.buckets {
-        let outcome = match one(js, spec).await {
-            Ok(o) => o,
-            Err(e) => Outcome::Failed(e.message().to_string()),
-        };
-        report.buckets.push((spec.bucket.clone(), outcome));
+        let outcome = if spec.shared && !nodes.is_empty() { shared(js, spec, &nodes, plan.share).await } else { one(js, spec).await };
+        report.buckets.push((spec.bucket.clone(), outcome.unwrap_or_else(|e| Outcome::Failed(e.message().to_string()))));
+    }
+    // The nodes' streams after the shared buckets: those must first give up any subjects of
+    // their own, since no two streams may capture the same subject.
+    if let Some(spec) = plan.buckets.iter().find(|b| b.shared) {
+        for node in &nodes {
+            let outcome = share(js, node, plan.share, spec).await.unwrap_or_else(|e| Outcome::Failed(e.message().to_string()));
+            report.buckets.push((node_stream(node), outcome));
+        }
     }
     report
+}
+
+/// A bucket every node writes, made of `nodes`' shares: made so, or an existing one (one stream
+/// until now, or the shares of fewer nodes) made so in place. Keys it holds stay; from now on
+/// each node's writes go to its share.
+async fn shared(js: &jetstream::Context, spec: &Spec, nodes: &[&str], share: Share) -> Result<Outcome> {
+    let want = spec.sourced_config(nodes, share);
+    let Some(info) = stream_info(js, &spec.bucket).await? else {
+        crate::bucket::bounded(|| format!("creating bucket {}", spec.bucket), async {
+            js.create_stream(want).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", spec.bucket)))
+        })
+        .await?;
+        return Ok(Outcome::Made);
+    };
+    if let Shape::Refused(why) = shape(&spec.bucket, &info.config) {
+        return Ok(Outcome::Refused(why));
+    }
+    let mut config = info.config.clone();
+    let mut changed = safe_in_place(&mut config, spec);
+    if !config.subjects.is_empty() {
+        config.subjects = Vec::new();
+        changed.push("made of its nodes' shares (the keys it holds stay)".to_string());
+    }
+    let sources = config.sources.get_or_insert_with(Vec::new);
+    for source in want.sources.unwrap_or_default() {
+        if !sources.iter().any(|s| s.name == source.name) {
+            changed.push(format!("sources {}", source.name));
+            sources.push(source);
+        }
+    }
+    if config.max_bytes < want.max_bytes {
+        config.max_bytes = want.max_bytes;
+        changed.push(format!("byte limit {} (room for every node's share)", want.max_bytes));
+    }
+    if config.duplicate_window > want.duplicate_window {
+        config.duplicate_window = want.duplicate_window;
+        changed.push("a node's Nats-Msg-Id kept its own".to_string());
+    }
+    update(js, spec, &config, changed).await
+}
+
+/// `node`'s stream of its keys of the shared buckets, made with its share; one that exists is
+/// left as it is (its limits are the operator's).
+async fn share(js: &jetstream::Context, node: &str, share: Share, spec: &Spec) -> Result<Outcome> {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    let name = node_stream(node);
+    crate::bucket::bounded(|| format!("making {name}"), async {
+        match js.get_stream(name.clone()).await {
+            Ok(_) => Ok(Outcome::Safe),
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => js
+                    .create_stream(node_config(node, share, spec.limits, spec.replicas))
+                    .await
+                    .map(|_| Outcome::Made)
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("making {name}: {e}"))),
+                _ => Err(Error::new(ErrorKind::Unavailable, format!("reading {name}: {e}"))),
+            },
+        }
+    })
+    .await
 }
 
 async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
@@ -139,9 +215,14 @@ async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
     if let Shape::Refused(why) = shape(&spec.bucket, &info.config) {
         return Ok(Outcome::Refused(why));
     }
-    // Made safe in place: roll-ups and API deletes refused, the limits set where there were
-    // none (a limit the operator chose is kept).
     let mut config = info.config.clone();
+    let changed = safe_in_place(&mut config, spec);
+    update(js, spec, &config, changed).await
+}
+
+/// Makes `config` safe in place: roll-ups and API deletes refused, the limits set where there
+/// were none (a limit the operator chose is kept). What changed.
+fn safe_in_place(config: &mut async_nats::jetstream::stream::Config, spec: &Spec) -> Vec<String> {
     let mut changed = Vec::new();
     if config.allow_rollup {
         config.allow_rollup = false;
@@ -159,17 +240,19 @@ async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {
         config.max_message_size = spec.limits.max_value;
         changed.push(format!("value-size limit {}", spec.limits.max_value));
     }
-    if !changed.is_empty() {
-        crate::bucket::bounded(|| format!("updating bucket {}", spec.bucket), async {
-            js.update_stream(&config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {}: {e}", spec.bucket)))
-        })
-        .await?;
+    changed
+}
+
+/// Updates `spec.bucket`'s stream to `config` when anything `changed`.
+async fn update(js: &jetstream::Context, spec: &Spec, config: &async_nats::jetstream::stream::Config, changed: Vec<String>) -> Result<Outcome> {
+    if changed.is_empty() {
+        return Ok(Outcome::Safe);
     }
-    // A bucket made before faces existed gets one: without it, no node's KV client binds it.
-    if crate::bucket::ensure_face(js, spec).await? {
-        changed.push(format!("its face {} made", crate::bucket::face_stream(&spec.bucket)));
-    }
-    Ok(if changed.is_empty() { Outcome::Safe } else { Outcome::Fixed(changed) })
+    crate::bucket::bounded(|| format!("updating bucket {}", spec.bucket), async {
+        js.update_stream(config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {}: {e}", spec.bucket)))
+    })
+    .await?;
+    Ok(Outcome::Fixed(changed))
 }
 
 /// `mesh-provisioner bootstrap`: prints a line per bucket; an error when any was refused.

@@ -9,11 +9,10 @@
 //! Here roll-ups are refused, message deletes by the API are refused (a KV delete is a marker
 //! message, which still works), and every bucket has a byte limit and a value-size limit.
 //!
-//! A bucket every node writes its own keys of (needs, applied, collect) also has a *face*:
-//! `FACE_<bucket>`, a stream with the bucket's settings that holds nothing. A node's account
-//! maps `STREAM.INFO` of the bucket onto it (deploy/nats-server.conf), because a KV client binds
-//! a bucket by asking its stream's info, and the bucket's own info lists every node's keys to
-//! whoever asks with a subjects filter.
+//! A bucket every node writes its own keys of (needs, applied, collect) is made by `bootstrap
+//! --node` of the nodes' shares ([`Share`]): each node's keys live in a stream of its own,
+//! limited, which the bucket's stream sources. Made here without nodes (`serve` finding it
+//! missing), it is one stream, as any bucket; `bootstrap` turns it into shares.
 
 use std::time::{Duration, Instant};
 
@@ -57,31 +56,37 @@ pub struct Spec {
     pub max_age: Duration,
     pub replicas: usize,
     pub limits: Limits,
-    /// Whether the bucket is shared by writers of their own keys, who bind it through its face.
-    pub face: bool,
+    /// Whether every node writes its own keys of it (needs, applied, collect): such a bucket is
+    /// made of the nodes' shares by `bootstrap --node`.
+    pub shared: bool,
 }
 
 impl Spec {
     pub fn new(bucket: &str, description: &str, history: i64, replicas: usize, limits: Limits) -> Spec {
-        let face = SHARED_BUCKETS.contains(&bucket);
-        Spec { bucket: bucket.to_string(), description: description.to_string(), history, max_age: Duration::ZERO, replicas, limits, face }
+        let shared = SHARED_BUCKETS.contains(&bucket);
+        Spec { bucket: bucket.to_string(), description: description.to_string(), history, max_age: Duration::ZERO, replicas, limits, shared }
     }
 
-    /// The face of a shared bucket: its settings as a KV client reads them, none of its keys.
-    /// It captures one subject of its own that no one is granted, so it stays empty.
-    pub fn face_config(&self) -> Option<stream::Config> {
-        if !self.face {
-            return None;
-        }
-        Some(stream::Config {
-            name: face_stream(&self.bucket),
-            description: Some(format!("the face of bucket {}: what a writer's KV client binds; it holds nothing", self.bucket)),
-            subjects: vec![format!("mesh-provisioner.face.{}", self.bucket)],
-            storage: stream::StorageType::Memory,
-            max_bytes: 1024,
-            max_messages: 1,
+    /// A shared bucket as the sum of `nodes`' shares: no subject of its own, each node's keys
+    /// of it sourced from the node's stream, room for every node's whole share.
+    pub fn sourced_config(&self, nodes: &[&str], share: Share) -> stream::Config {
+        let sources = nodes
+            .iter()
+            .map(|n| stream::Source { name: node_stream(n), filter_subject: Some(format!("$KV.{}.{n}.>", self.bucket)), ..Default::default() })
+            .collect();
+        stream::Config {
+            subjects: Vec::new(),
+            sources: Some(sources),
+            max_bytes: share.room().saturating_mul(nodes.len().max(1) as i64),
+            // A message its share took must never be refused here for the header sourcing adds
+            // (its subject again, and the overhead): the node's sourcing would stop at it.
+            max_message_size: self.limits.max_value.saturating_mul(2).saturating_add(Share::SOURCE_OVERHEAD as i32),
+            // A sourced message's `Nats-Msg-Id` is checked again here across every node's: the
+            // window is kept short, so no node's id can take another's write for a duplicate
+            // but by sending it in the same instant.
+            duplicate_window: Duration::from_millis(100),
             ..self.stream_config()
-        })
+        }
     }
 
     /// The stream this bucket is: a KV bucket's subjects and settings, with roll-ups and API
@@ -111,13 +116,73 @@ impl Spec {
     }
 }
 
-/// The buckets every node writes its own keys of: each has a face.
-pub const SHARED_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
-
-/// The name of `bucket`'s face stream.
-pub fn face_stream(bucket: &str) -> String {
-    format!("FACE_{bucket}")
+/// Each node's share of the buckets every node writes (SPEC §8: one node's use of storage never
+/// refuses another's). Made by `bootstrap --node`: each node's keys of all of them live in a
+/// stream of the node's own, `NODE_<node>`, limited to its share (discard new), and each shared
+/// bucket's stream has no subject of its own but sources every node's stream, filtered to its
+/// keys of that bucket. Readers see the bucket's name and key shapes as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// The bytes a node's keys of the shared buckets may take together.
+    pub max_bytes: i64,
+    /// The messages (keys and delete markers) it may hold together.
+    pub max_keys: i64,
 }
+
+impl Share {
+    /// 8 MiB: forty thousand needs of ~200 bytes.
+    pub const DEFAULT_MAX_BYTES: i64 = 8 << 20;
+    pub const DEFAULT_MAX_KEYS: i64 = 16_384;
+    /// What a message grows by when a shared bucket sources it, besides its subject again: the
+    /// `Nats-Stream-Source` header names the node's stream and sequence (and repeats the
+    /// subject, which is at most as long as the message was).
+    pub const SOURCE_OVERHEAD: i64 = 384;
+
+    /// The bytes a shared bucket keeps room for, for one node: all of its share were all of it
+    /// in this bucket, each message with its subject repeated and the header's overhead. A
+    /// shared bucket never fills while each node keeps to its share, so no node's sourcing
+    /// stops at a full bucket.
+    pub fn room(&self) -> i64 {
+        self.max_bytes.saturating_mul(2).saturating_add(self.max_keys.saturating_mul(Self::SOURCE_OVERHEAD))
+    }
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { max_bytes: Self::DEFAULT_MAX_BYTES, max_keys: Self::DEFAULT_MAX_KEYS }
+    }
+}
+
+/// The stream holding `node`'s keys of the shared buckets.
+pub fn node_stream(node: &str) -> String {
+    format!("NODE_{node}")
+}
+
+/// `node`'s stream: its keys of every shared bucket, within its share, with the settings of a
+/// bucket made here (one value a key, no roll-ups or API deletes, direct gets).
+pub fn node_config(node: &str, share: Share, limits: Limits, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: node_stream(node),
+        description: Some(format!("node {node}'s keys of the shared buckets, within its share")),
+        subjects: SHARED_BUCKETS.iter().map(|b| format!("$KV.{b}.{node}.>")).collect(),
+        max_messages_per_subject: 1,
+        max_bytes: share.max_bytes,
+        max_messages: share.max_keys,
+        max_message_size: limits.max_value,
+        duplicate_window: Duration::from_secs(120),
+        storage: stream::StorageType::File,
+        num_replicas: replicas.max(1),
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: false,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
+/// The buckets every node writes its own keys of.
+pub const SHARED_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provisioner_applied", "mesh-provisioner_collect"];
 
 /// What a stream is, read as a bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +198,10 @@ pub enum Shape {
 /// Reads `config` (the stream `KV_<bucket>`) as a bucket.
 pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     let want = format!("$KV.{bucket}.>");
+    let sources = config.sources.as_deref().unwrap_or_default();
+    if SHARED_BUCKETS.contains(&bucket) && config.subjects.is_empty() && !sources.is_empty() {
+        return sourced_shape(bucket, config, sources);
+    }
     if config.subjects.len() != 1 || config.subjects[0] != want {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it captures {:?}, not exactly [{want:?}]", config.subjects));
     }
@@ -155,6 +224,33 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     let mut unsafe_settings = Vec::new();
     if config.allow_rollup {
         unsafe_settings.push("allows roll-ups (Nats-Rollup): one writer's write may remove every other writer's keys".to_string());
+    }
+    if config.max_bytes <= 0 {
+        unsafe_settings.push("has no byte limit".to_string());
+    }
+    if config.max_message_size <= 0 {
+        unsafe_settings.push("has no value-size limit".to_string());
+    }
+    Shape::Bucket { unsafe_settings }
+}
+
+/// A shared bucket made of its nodes' shares: each source a node's stream, filtered to that
+/// node's keys of this bucket, untransformed.
+fn sourced_shape(bucket: &str, config: &stream::Config, sources: &[stream::Source]) -> Shape {
+    for s in sources {
+        let node = s.name.strip_prefix("NODE_").unwrap_or_default();
+        let filter = format!("$KV.{bucket}.{node}.>");
+        let transformed = !s.subject_transforms.is_empty();
+        if node.is_empty() || s.filter_subject.as_deref() != Some(filter.as_str()) || transformed || s.external.is_some() {
+            return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {} other than as one node's share ({filter})", s.name));
+        }
+    }
+    if config.mirror.is_some() || config.republish.is_some() || config.subject_transform.is_some() || config.max_messages_per_subject < 1 {
+        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: its nodes' shares are mirrored, republished, transformed or keep no history"));
+    }
+    let mut unsafe_settings = Vec::new();
+    if config.allow_rollup {
+        unsafe_settings.push("allows roll-ups (Nats-Rollup): one node's sourced write may remove every other node's keys".to_string());
     }
     if config.max_bytes <= 0 {
         unsafe_settings.push("has no byte limit".to_string());
@@ -239,31 +335,7 @@ pub async fn create_stream(js: &jetstream::Context, spec: &Spec) -> Result<()> {
         js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
     })
     .await?;
-    ensure_face(js, spec).await?;
     Ok(())
-}
-
-/// Makes `spec`'s face if it has one and it does not exist (one attempt, under
-/// [`BUS_DEADLINE`]); whether it was made.
-pub async fn ensure_face(js: &jetstream::Context, spec: &Spec) -> Result<bool> {
-    use async_nats::jetstream::context::GetStreamErrorKind;
-    use async_nats::jetstream::ErrorCode;
-    let Some(config) = spec.face_config() else { return Ok(false) };
-    let bucket = spec.bucket.as_str();
-    bounded(|| format!("making the face of bucket {bucket}"), async {
-        match js.get_stream(config.name.clone()).await {
-            Ok(_) => Ok(false),
-            Err(e) => match e.kind() {
-                GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => js
-                    .create_stream(config)
-                    .await
-                    .map(|_| true)
-                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("making the face of bucket {bucket}: {e}"))),
-                _ => Err(Error::new(ErrorKind::Unavailable, format!("the face of bucket {bucket}: {e}"))),
-            },
-        }
-    })
-    .await
 }
 
 /// Creates `spec.bucket` and opens it.
@@ -301,7 +373,6 @@ pub async fn stream_state(js: &jetstream::Context, bucket: &str) -> Result<Optio
 /// created.
 pub async fn ensure_bucket(js: &jetstream::Context, spec: &Spec) -> Result<bool> {
     if stream_state(js, &spec.bucket).await?.is_some() {
-        ensure_face(js, spec).await?;
         return Ok(false);
     }
     create_stream(js, spec).await?;
@@ -352,19 +423,47 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_bucket_has_an_empty_face_with_its_settings_and_no_other_bucket_has_one() {
+    fn a_shared_bucket_is_its_nodes_shares_each_in_a_stream_of_its_own() {
+        let share = Share { max_bytes: 1 << 20, max_keys: 100 };
         let needs = Spec::new("mesh-provisioner_needs", "test", 1, 3, Limits::default());
-        let face = needs.face_config().expect("the needs bucket has a face");
-        let bucket = needs.stream_config();
-        assert_eq!(face.name, "FACE_mesh-provisioner_needs");
-        assert_eq!(face.subjects, ["mesh-provisioner.face.mesh-provisioner_needs"]);
-        // What a KV client reads of it: one value a key, direct gets, no mirror; the limits shown.
-        assert_eq!((face.max_messages_per_subject, face.allow_direct, face.mirror.is_none()), (1, true, true));
-        assert_eq!((face.max_message_size, face.num_replicas, face.allow_rollup), (bucket.max_message_size, 3, false));
-        assert!(face.max_bytes > 0 && face.max_bytes < 4096 && face.storage == stream::StorageType::Memory);
-        for other in ["mesh-provisioner_registry", "mesh-provisioner_seat", "composed-alpha", "postgres_bound"] {
-            assert!(Spec::new(other, "test", 1, 1, Limits::default()).face_config().is_none(), "{other} has a face");
+        assert!(needs.shared && !Spec::new("composed-alpha", "test", 1, 1, Limits::default()).shared);
+        let node = node_config("alpha", share, Limits::default(), 3);
+        assert_eq!(node.name, "NODE_alpha");
+        assert_eq!(node.subjects, ["$KV.mesh-provisioner_needs.alpha.>", "$KV.mesh-provisioner_applied.alpha.>", "$KV.mesh-provisioner_collect.alpha.>"]);
+        // The bus refuses a write past the share; it never evicts an older key for it.
+        assert_eq!((node.max_bytes, node.max_messages, node.discard), (1 << 20, 100, stream::DiscardPolicy::New));
+        assert!(!node.allow_rollup && node.deny_delete && node.allow_direct && node.max_messages_per_subject == 1 && node.num_replicas == 3);
+        let bucket = needs.sourced_config(&["alpha", "beta"], share);
+        assert!(bucket.subjects.is_empty(), "{:?}", bucket.subjects);
+        let sources: Vec<(String, Option<String>)> = bucket.sources.iter().flatten().map(|s| (s.name.clone(), s.filter_subject.clone())).collect();
+        assert_eq!(sources, [("NODE_alpha".to_string(), Some("$KV.mesh-provisioner_needs.alpha.>".to_string())), ("NODE_beta".to_string(), Some("$KV.mesh-provisioner_needs.beta.>".to_string()))]);
+        // Room for both nodes' whole shares with their sourcing headers: it never fills first.
+        assert_eq!(bucket.max_bytes, 2 * (2 * (1 << 20) + 100 * Share::SOURCE_OVERHEAD));
+        assert!(!bucket.allow_rollup && bucket.max_messages_per_subject == 1 && bucket.duplicate_window < Duration::from_secs(1));
+        assert_eq!(bucket.max_message_size, 2 * node.max_message_size + Share::SOURCE_OVERHEAD as i32, "a message the share took is never refused sourced");
+        assert_eq!(shape("mesh-provisioner_needs", &bucket), Shape::Bucket { unsafe_settings: vec![] });
+    }
+
+    #[test]
+    fn refuses_a_shared_bucket_that_sources_anything_but_its_nodes_keys() {
+        let share = Share::default();
+        let b = "mesh-provisioner_applied";
+        let made = Spec::new(b, "test", 1, 1, Limits::default()).sourced_config(&["alpha"], share);
+        let source = |name: &str, filter: &str| stream::Config { sources: Some(vec![stream::Source { name: name.into(), filter_subject: Some(filter.into()), ..Default::default() }]), ..made.clone() };
+        for (config, says) in [
+            (source("NODE_alpha", "$KV.mesh-provisioner_applied.beta.>"), "NODE_alpha"),
+            (source("NODE_alpha", "$KV.mesh-provisioner_applied.>"), "NODE_alpha"),
+            (source("KV_other", "$KV.mesh-provisioner_applied.other.>"), "KV_other"),
+            (stream::Config { sources: Some(vec![stream::Source { name: "NODE_alpha".into(), ..Default::default() }]), ..made.clone() }, "NODE_alpha"),
+        ] {
+            match shape(b, &config) {
+                Shape::Refused(why) => assert!(why.contains(says) && why.contains("one node's share"), "{why}"),
+                s => panic!("{says}: read as {s:?}"),
+            }
         }
+        // Sources only make a shared bucket: another bucket that sources is refused as before.
+        let composed = stream::Config { name: "KV_composed-alpha".into(), ..made };
+        assert!(matches!(shape("composed-alpha", &composed), Shape::Refused(_)));
     }
 
     #[test]

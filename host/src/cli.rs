@@ -69,11 +69,22 @@ pub struct BucketFlags {
     /// carry whole plans, may carry 1 MiB).
     #[arg(long, env = "MESH_PROVISIONER_VALUE_MAX_KIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub value_max_kib: u32,
+    /// Each node's share of the buckets every node writes (needs, applied, collect together),
+    /// in MiB: the bus refuses that node's write past it, and no other node's.
+    #[arg(long, env = "MESH_PROVISIONER_NODE_SHARE_MIB", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub node_share_mib: u32,
+    /// Each node's share of those buckets in keys (delete markers count).
+    #[arg(long, env = "MESH_PROVISIONER_NODE_SHARE_KEYS", default_value_t = 16_384, value_parser = clap::value_parser!(u32).range(1..))]
+    pub node_share_keys: u32,
 }
 
 impl BucketFlags {
     pub fn limits(&self) -> crate::bucket::Limits {
         crate::bucket::Limits { max_bytes: i64::from(self.bucket_max_mib) << 20, max_value: (self.value_max_kib << 10) as i32 }
+    }
+
+    pub fn share(&self) -> crate::bucket::Share {
+        crate::bucket::Share { max_bytes: i64::from(self.node_share_mib) << 20, max_keys: i64::from(self.node_share_keys) }
     }
 }
 

@@ -4,9 +4,10 @@
 //! with 32 concurrent requesters, and the host's resident memory against the raw bytes of the
 //! mirrored keys and values. Two floors: an echo of the request (the bus's round trip), and a
 //! "sized" echo that replies with exactly the bytes of the verb's reply, so the ratio measures
-//! the server's work rather than a bigger message. The requests are made as a node's user and
-//! the echoes answered as the vault's, which the example config lets answer `$SRV.*.mesh-vault.>`;
-//! the vault's stand-in also counts the discovery pings `status` sends. At the end, starts at
+//! the server's work rather than a bigger message. The requests are made as a node's user, in
+//! the node's own account, and the echoes answered as the provisioner's serving user on
+//! `$SRV.ECHO.mesh-provisioner.…`: the verb and its echoes cross the same service import; the
+//! vault's stand-in counts the discovery pings `status` sends. At the end, starts at
 //! the large size: from the snapshot the stopped host wrote, and by a full replay, against a
 //! plain watch of the same keys on a server without permissions (written there by the bench),
 //! and a standby's takeover. A benchmark, not a test.
@@ -29,9 +30,9 @@ use tests::nats::{Bus, Host};
 const NEEDS: &str = "mesh-provisioner_needs";
 const VALUE: &[u8] = br#"{"placeholder":"${config:name}","part":"api"}"#;
 /// The echoes: the request back, the same from a process of its own, and the verb's reply size.
-const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
-const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-vault.process";
-const SIZED: &str = "$SRV.SIZED.mesh-vault.bench";
+const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
+const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-provisioner.process";
+const SIZED: &str = "$SRV.SIZED.mesh-provisioner.bench";
 
 
 
@@ -295,11 +296,15 @@ async fn main() {
     let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");
     let c = bus.client("node-alpha").await;
-    // The echoes and the vault's discovery answer have a connection of their own, as the host does.
-    let responder = bus.client("mesh-vault").await;
+    // The echoes have a connection of their own, as the host does: its serving user, so an
+    // echo asked by the node crosses the same import as the verb. The vault's discovery answer
+    // is the vault's own (imported into the provisioner's account).
+    let echoes = bus.client("mesh-provisioner-service").await;
+    let vault = bus.client("mesh-vault").await;
     let sized: Sized = Arc::new(std::sync::Mutex::new(bytes::Bytes::new()));
     let pings = Arc::new(AtomicU64::new(0));
     for subject in [ECHO, SIZED, "$SRV.PING.mesh-vault"] {
+        let responder = if subject == "$SRV.PING.mesh-vault" { &vault } else { &echoes };
         let mut sub = responder.subscribe(subject).await.expect("subscribe");
         let (responder, sized, pings) = (responder.clone(), sized.clone(), pings.clone());
         tokio::spawn(async move {
@@ -317,10 +322,11 @@ async fn main() {
             }
         });
     }
-    responder.flush().await.expect("flush");
+    echoes.flush().await.expect("flush");
+    vault.flush().await.expect("flush");
     let bin = std::env::current_exe().ok().and_then(|p| p.parent()?.parent().map(|d| d.join("echo"))).filter(|p| p.exists()).expect("the echo binary (cargo bench builds it)");
     let mut echo_process = tokio::process::Command::new(bin)
-        .args([bus.url(), "mesh-vault", &bus.password("mesh-vault"), ECHO_PROCESS])
+        .args([bus.url(), "mesh-provisioner-service", &bus.password("mesh-provisioner-service"), ECHO_PROCESS])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

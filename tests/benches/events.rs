@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tests::bench::{pct, us};
 use tests::nats::{Bus, Host};
 
-const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
+const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
 const QUERY: &[u8] = br#"{"what":"needs","node":"beta","module":"m0042"}"#;
 
 
@@ -46,7 +46,7 @@ async fn run() {
     bus.make_bucket("postgres_bound").await;
     let host = Host::start(&bus, &[]).await;
     let c = bus.client("node-beta").await;
-    let echo = bus.client("mesh-vault").await;
+    let echo = bus.client("mesh-provisioner-service").await;
     let mut sub = echo.subscribe(ECHO).await.expect("subscribe");
     let responder = echo.clone();
     tokio::spawn(async move {
@@ -99,7 +99,7 @@ async fn run() {
     let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
     let (s50, s99) = (pct(&mut steady, 0.5), pct(&mut steady, 0.99));
     let (d50, d99) = (pct(&mut during, 0.5), pct(&mut during, 0.99));
-    println!("floor: echo as node-beta → mesh-vault p50 {:.0} µs p99 {:.0} µs", us(f50), us(f99));
+    println!("floor: echo as node-beta → the provisioner's account (the verbs' import) p50 {:.0} µs p99 {:.0} µs", us(f50), us(f99));
     println!("needs of one module, nothing changing: p50 {:.0} µs = {:.2}× echo; p99 {:.0} µs = {:.2}× echo", us(s50), s50.as_secs_f64() / f50.as_secs_f64(), us(s99), s99.as_secs_f64() / f99.as_secs_f64());
     println!(
         "needs of one module while {n} modules change state ({} requests, all {n} events heard in {:.2} s): p50 {:.0} µs = {:.2}× echo ({:.2}× steady); p99 {:.0} µs = {:.2}× echo ({:.2}× steady)",

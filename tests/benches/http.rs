@@ -16,7 +16,7 @@ use tests::bench::throughput;
 use tests::browser::{get, Browser};
 use tests::nats::{Bus, Host};
 
-const ECHO: &str = "$SRV.ECHO.mesh-vault.http-bench";
+const ECHO: &str = "$SRV.ECHO.mesh-provisioner.http-bench";
 const QUERY: &[u8] = br#"{"what":"needs","node":"alpha","module":"m0500"}"#;
 
 async fn p50(c: &Client, subject: &str, body: &[u8], n: usize) -> Duration {
@@ -45,8 +45,9 @@ async fn measure(c: &Client) -> (f64, f64) {
 async fn main() {
     tests::nats::prefer_release_binary();
     let bus = Bus::start().await;
-    // A bare echo, answered as the vault's user (the example config lets it answer $SRV.*.mesh-vault.>).
-    let vault = bus.client("mesh-vault").await;
+    // A bare echo through the node's import of the provisioner's $SRV subjects, answered as its
+    // serving user (which may answer $SRV.*.mesh-provisioner.>): the verb's own path.
+    let vault = bus.client("mesh-provisioner-service").await;
     let mut echo = vault.subscribe(ECHO).await.expect("echo");
     let responder = vault.clone();
     tokio::spawn(async move {

@@ -24,8 +24,8 @@ const NEEDS: &str = "mesh-provisioner_needs";
 const NODES: usize = 1000;
 const NEEDS_A_NODE: usize = 10;
 const REQUESTERS: usize = 32;
-const ECHO: &str = "$SRV.ECHO.mesh-vault.bench";
-const SIZED: &str = "$SRV.SIZED.mesh-vault.bench";
+const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
+const SIZED: &str = "$SRV.SIZED.mesh-provisioner.bench";
 const VERB: &str = "mesh-provisioner.provisioning";
 /// The stand-in for every node's user: what a node's user may do, for every node at once.
 const WRITER: &str = "bench-nodes";
@@ -161,7 +161,7 @@ async fn bench() {
     println!("{NODES} nodes × {NEEDS_A_NODE} needs written and mirrored in {:.1} s; a node's needs answer {} bytes", t.elapsed().as_secs_f64(), reply.len());
 
     // The echoes, answered as the vault's user on a connection of its own.
-    let responder = bus.client("mesh-vault").await;
+    let responder = bus.client("mesh-provisioner-service").await;
     for subject in [ECHO, SIZED] {
         let mut sub = responder.subscribe(subject).await.expect("subscribe");
         let (responder, sized) = (responder.clone(), reply.clone());

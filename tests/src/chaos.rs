@@ -56,6 +56,8 @@ impl Rng {
 /// nothing certain (the last write failed: it may or may not have landed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Known {
+    /// Put with the value `{"n": <this>}` (a node's writes number their values: the revision
+    /// the node is told is its share's sequence, not the bucket's).
     Put(u64),
     Deleted,
     Unsure,
@@ -190,7 +192,7 @@ impl Mesh {
             Err(e) => failures.push(format!("registry: {e}")),
         }
         for w in &self.writers {
-            let answered = match all_keys(&self.asker, json!({"what": "needs", "node": w.node})).await {
+            let answered = match all_values(&self.asker, json!({"what": "needs", "node": w.node})).await {
                 Ok(a) => a,
                 Err(e) => {
                     failures.push(format!("needs of {}: {e}", w.node));
@@ -200,9 +202,9 @@ impl Mesh {
             let known = w.known.lock().unwrap_or_else(|p| p.into_inner()).clone();
             for (key, k) in known {
                 match (k, answered.get(&key)) {
-                    (Known::Put(rev), Some(got)) if *got == rev => {}
-                    (Known::Put(rev), got) => failures.push(format!("{}: acknowledged at revision {rev}, answered {got:?}", key)),
-                    (Known::Deleted, Some(got)) => failures.push(format!("{key}: acknowledged deleted, answered at revision {got}")),
+                    (Known::Put(n), Some(got)) if got["n"] == n => {}
+                    (Known::Put(n), got) => failures.push(format!("{}: acknowledged as {{\"n\":{n}}}, answered {got:?}", key)),
+                    (Known::Deleted, Some(got)) => failures.push(format!("{key}: acknowledged deleted, answered {got}")),
                     _ => {}
                 }
             }
@@ -235,6 +237,24 @@ impl Mesh {
     }
 }
 
+/// Every key the verb answers for `body`, with its value.
+async fn all_values(client: &Client, mut body: Value) -> Result<BTreeMap<String, Value>, String> {
+    let mut out = BTreeMap::new();
+    loop {
+        let (code, v) = crate::nats::ask_within(client, body.to_string().as_bytes(), Duration::from_secs(3)).await?;
+        if code.is_some() {
+            return Err(format!("error {code:?}: {v}"));
+        }
+        for e in v["entries"].as_array().into_iter().flatten() {
+            out.insert(e["key"].as_str().unwrap_or_default().to_string(), e["value"].clone());
+        }
+        match v.get("next") {
+            Some(n) => body["after"] = n.clone(),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// Every key the verb answers for `body`, with its revision.
 async fn all_keys(client: &Client, body: Value) -> Result<BTreeMap<String, u64>, String> {
     Ok(answered_keys(client, body, Duration::from_secs(3)).await?.into_iter().collect())
@@ -261,7 +281,7 @@ async fn write(w: Arc<Writer>, client: Client, gate: Arc<RwLock<()>>, stop: Arc<
         let key = format!("{}.app{}.config.k{}", w.node, rng.between(0, 3), rng.between(0, KEYS as u64 / 4 - 1));
         n += 1;
         let outcome = if rng.between(0, 9) < 7 {
-            kv.put(&key, json!({ "n": n }).to_string().into()).await.map(Known::Put).map_err(|e| e.to_string())
+            kv.put(&key, json!({ "n": n }).to_string().into()).await.map(|_| Known::Put(n)).map_err(|e| e.to_string())
         } else {
             kv.delete(&key).await.map(|_| Known::Deleted).map_err(|e| e.to_string())
         };

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use async_nats::{Client, ConnectOptions};
+use mesh_provisioner::bucket::Share;
 use mesh_provisioner::embedded::{Access, Server};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -30,10 +31,27 @@ pub struct Bus {
 }
 
 impl Bus {
+    /// A fresh server, its buckets every node writes made of the example nodes' shares, as the
+    /// operator's `bootstrap` makes them (the other buckets are made by the host or the test).
     pub async fn start() -> Bus {
+        Self::start_with(mesh_provisioner::bucket::Limits::default(), Share::default()).await
+    }
+
+    /// A fresh server with no bucket made: for what tests `bootstrap` itself.
+    pub async fn start_bare() -> Bus {
         let dir = tempfile::tempdir().expect("temp dir");
         let server = Server::start(dir.path(), None, None).await.expect("nats-server starts (scripts/setup installs it)");
         Bus { server, dir }
+    }
+
+    /// As [`Bus::start`], with the shared buckets' value-size limit and each node's share
+    /// given.
+    pub async fn start_with(limits: mesh_provisioner::bucket::Limits, share: Share) -> Bus {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = Server::start(dir.path(), None, None).await.expect("nats-server starts (scripts/setup installs it)");
+        let bus = Bus { server, dir };
+        make_shared(&bus.js(OPERATOR).await, limits, share, 1).await;
+        bus
     }
 
     /// Stops the server and starts it again on the same port, store and passwords.
@@ -183,15 +201,37 @@ pub fn bucket_with_ttls(bucket: &str) -> jetstream::stream::Config {
     }
 }
 
-/// Makes the bucket `spec` (and its face, for a shared bucket) through `js` (the operator's),
-/// retrying while a cluster elects.
+/// Makes the bucket `spec` through `js` (the operator's), as `bootstrap` makes it, retrying
+/// while a cluster elects. A bucket every node writes is made, with the other two, of the
+/// example nodes' shares (made once, they are left as they are).
 pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucket::Spec) {
+    if spec.shared {
+        return make_shared(js, spec.limits, Share::default(), spec.replicas).await;
+    }
     let start = Instant::now();
     loop {
         match mesh_provisioner::bucket::create_stream(js, spec).await {
             Ok(()) => return,
             Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
             Err(e) => panic!("the operator makes {}: {e}", spec.bucket),
+        }
+    }
+}
+
+/// Makes the buckets every node writes of the example nodes' shares through `js` (the
+/// operator's), as `bootstrap --node alpha --node beta --node gamma` makes them, retrying while
+/// a cluster elects.
+pub async fn make_shared(js: &jetstream::Context, limits: mesh_provisioner::bucket::Limits, share: Share, replicas: usize) {
+    use mesh_provisioner::bucket::{Spec, SHARED_BUCKETS};
+    let buckets = SHARED_BUCKETS.iter().map(|b| Spec::new(b, "made by a test, as bootstrap makes it", 1, replicas, limits)).collect();
+    let nodes = mesh_provisioner::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string()).collect();
+    let plan = mesh_provisioner::bootstrap::Plan { buckets, nodes, share };
+    let start = Instant::now();
+    loop {
+        match mesh_provisioner::bootstrap::apply(js, &plan).await.result() {
+            Ok(()) => return,
+            Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Err(e) => panic!("the operator makes the nodes' shares: {e}"),
         }
     }
 }
@@ -285,6 +325,9 @@ impl Cluster {
         for i in 0..n {
             cluster.restart(i).await;
         }
+        let mut js = jetstream::new(cluster.client(OPERATOR).await);
+        js.set_timeout(Duration::from_secs(5));
+        make_shared(&js, mesh_provisioner::bucket::Limits::default(), Share::default(), n.min(3)).await;
         cluster
     }
 
@@ -400,6 +443,11 @@ impl RawServer {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Rewrites the config (same port and directory) and makes the running server reload it.

@@ -203,14 +203,14 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
             }
         }
         c.flush().await.expect("flush");
-        // What a node's KV client sees of the shared bucket: its face, none of its keys, and
-        // no other node's value through a get.
+        // What a node's KV client sees of the shared bucket: its own share (its keys, no
+        // other node's), and no other node's value through a get.
         if party.starts_with("node-") || party.starts_with("leaf-") {
             let kv = pjs.get_key_value(NEEDS).await.unwrap_or_else(|e| panic!("{party}'s KV client binds the needs: {e}"));
-            assert_eq!(kv.stream.cached_info().state.messages, 0, "{party} learnt the needs' size: {:?}", kv.stream.cached_info().state);
-            let listed = c.request(format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec().into()).await.expect("the face answers");
+            assert_eq!(kv.stream.cached_info().config.name, "NODE_alpha", "{party} bound another stream than its share");
+            let listed = c.request(format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec().into()).await.expect("its share answers");
             let text = String::from_utf8_lossy(&listed.payload);
-            assert!(!text.contains("beta.") && !text.contains("alpha.app"), "{party} listed keys: {text}");
+            assert!(text.contains("alpha.app") && !text.contains("beta."), "{party} listed: {text}");
             assert!(kv.get("alpha.evil.config.lease").await.expect("a get of its own key").is_some(), "{party} reads its own key back");
             assert!(!matches!(kv.get("beta.web.config.base_url").await, Ok(Some(_))), "{party} read beta's need");
         }
@@ -232,6 +232,14 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     let seat_keys: Vec<String> = js.get_key_value(SEAT).await.expect("seat").keys().await.expect("keys").filter_map(|k| async { k.ok() }).collect().await;
     assert_eq!(seat_keys, ["holder"], "nothing but the lease in the seat's bucket");
     assert_eq!(consumers(js.clone()).await, consumers_before, "a party made a consumer");
+    // A forced reconnect: the bus restarts, and the provisioner makes its mirrors again (no
+    // party could have taken the consumers it needs).
+    let bus = bus.restart(Duration::from_millis(300)).await;
+    let start = Instant::now();
+    while !tests::nats::answered_keys(&beta, json!({"what":"needs","node":"beta"}), Duration::from_secs(2)).await.is_ok_and(|k| k.len() == 1) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the provisioner did not serve again after the reconnect:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(js.get_stream("KV_x").await.is_err(), "no stream was made");
     // Each party's own key took what it wrote, and nothing else.
     let needs = tests::keys(&ask_ok(&alpha, json!({"what":"needs","node":"beta"})).await);
@@ -349,17 +357,37 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     for i in 0..30 {
         akv.put(format!("alpha.many.config.k{i}"), "{}".into()).await.expect("a small need fits");
     }
-    // Bytes: the host made the needs with a 1 MiB limit (--bucket-max-mib 1).
+    // A write near the value limit under a long key reaches the bucket, though sourcing adds a
+    // header that repeats the key: alpha's share is never held behind it.
+    let long = format!("alpha.app.config.{}", "l".repeat(3000));
+    akv.put(&long, vec![b'x'; (64 << 10) - 200].into()).await.expect("within the value limit");
+    let start = Instant::now();
+    while !tests::keys(&ask_ok(&alpha, json!({"what":"needs","node":"alpha","module":"app"})).await).contains(&long) {
+        assert!(start.elapsed() < Duration::from_secs(10), "alpha's long key never reached the bucket");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Bytes: alpha fills its share (8 MiB, its stream NODE_alpha) and is refused past it; beta,
+    // whose share it is not, still writes, and is answered.
     let chunk = vec![b'y'; 60 << 10];
     let mut refused = None;
-    for i in 0..40 {
+    for i in 0..200 {
         if let Err(e) = akv.put(format!("alpha.fill.config.c{i}"), chunk.clone().into()).await {
             refused = Some(e.to_string());
             break;
         }
     }
-    let refused = refused.expect("the bucket's byte limit refuses writes past it");
+    let refused = refused.expect("alpha's share refuses its writes past it");
     assert!(refused.to_lowercase().contains("maximum bytes"), "{refused}");
+    let bkv = bus.js("node-beta").await.get_key_value(NEEDS).await.expect("beta binds the needs");
+    bkv.put("beta.web.config.after_alpha_filled", r#"{"placeholder":"${config:after}"}"#.into()).await.expect("beta writes while alpha's share is full");
+    let start = Instant::now();
+    while !tests::keys(&ask_ok(&beta, json!({"what":"needs","node":"beta"})).await).iter().any(|k| k == "beta.web.config.after_alpha_filled") {
+        assert!(start.elapsed() < Duration::from_secs(10), "beta's write after alpha filled its share was never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What a node's KV client sees of the bucket is its own share: its keys and usage.
+    let own = akv.stream.cached_info().clone();
+    assert_eq!(own.config.name, "NODE_alpha", "{:?}", own.config);
     let s = status_until(&alpha, "alpha", "app", "alpha past its quota and the unsafe bucket", |s| {
         let w = warnings(s).join("\n");
         w.contains("node alpha holds") && w.contains("bucket postgres_bound allows roll-ups")
@@ -438,7 +466,7 @@ async fn bootstrap(bus: &Bus, extra: &[&str]) -> (Option<i32>, String) {
 
 #[tokio::test]
 async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
-    let bus = Bus::start().await;
+    let bus = Bus::start_bare().await;
     let js = bus.js(OPERATOR).await;
     // Made before: the config domain's bucket with roll-ups allowed and no value-size limit.
     js.create_key_value(jetstream::kv::Config { bucket: CONFIG.into(), max_bytes: 1 << 20, ..Default::default() }).await.expect("an old bucket");
@@ -453,6 +481,14 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     let config = js.get_stream(format!("KV_{CONFIG}")).await.expect("kept").cached_info().config.clone();
     assert!(!config.allow_rollup && config.max_bytes == 1 << 20, "made safe, its own byte limit kept: {config:?}");
     assert!(js.get_stream("KV_composed-gamma").await.is_err(), "only the nodes named");
+    // The buckets every node writes are made of the nodes' shares: a stream a node, which each
+    // bucket sources, capturing nothing itself.
+    for node in ["alpha", "beta"] {
+        assert!(out.lines().any(|l| l.starts_with(&format!("NODE_{node}")) && l.trim_end().ends_with("made")), "NODE_{node} not made:\n{out}");
+    }
+    let needs = js.get_stream(format!("KV_{NEEDS}")).await.expect("made").cached_info().config.clone();
+    let sources: Vec<&str> = needs.sources.iter().flatten().map(|s| s.name.as_str()).collect();
+    assert!(needs.subjects.is_empty() && sources == ["NODE_alpha", "NODE_beta"], "{needs:?}");
     // Again: nothing to do.
     let (code, again) = bootstrap(&bus, &["--node", "alpha", "--node", "beta", "--provider", "postgres"]).await;
     assert_eq!(code, Some(0), "{again}");
@@ -465,6 +501,13 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("composed-gamma") && out.contains("REFUSED") && out.contains("not a bucket"), "{out}");
     assert_eq!(js.get_stream("KV_composed-gamma").await.expect("left alone").cached_info().config.subjects.len(), 2);
+    // Yet the node joined: its share made, and each bucket every node writes sources it too,
+    // the other shares kept.
+    assert!(out.lines().any(|l| l.starts_with("NODE_gamma") && l.trim_end().ends_with("made")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(NEEDS) && l.contains("sources NODE_gamma")), "{out}");
+    let needs = js.get_stream(format!("KV_{NEEDS}")).await.expect("made").cached_info().config.clone();
+    let sources: Vec<&str> = needs.sources.iter().flatten().map(|s| s.name.as_str()).collect();
+    assert_eq!(sources, ["NODE_alpha", "NODE_beta", "NODE_gamma"], "{needs:?}");
     // A name that is no node.
     let (code, out) = bootstrap(&bus, &["--node", "*"]).await;
     assert_eq!(code, Some(1), "{out}");

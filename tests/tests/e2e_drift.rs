@@ -217,8 +217,17 @@ async fn a_bus_that_lost_its_store_is_served_again() {
         assert!(start.elapsed() < Duration::from_secs(15), "the seat is not held again by {instance}:\n{}", host.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The node clients' buckets are there again: a need written now is answered.
-    bus.put("node-alpha", NEEDS, "alpha.app.config.url", b"\"postgres://db\"").await;
+    // The node clients' buckets are there again (one stream each, until the operator makes
+    // them of the nodes' shares again): a need written now is answered.
+    let js = bus.js("node-alpha").await;
+    let start = Instant::now();
+    loop {
+        match js.publish(format!("$KV.{NEEDS}.alpha.app.config.url"), "\"postgres://db\"".into()).await.expect("sent").await {
+            Ok(_) => break,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(15), "the needs bucket was not made again: {e}\n{}", host.log_text()),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let start = Instant::now();
     while ask_ok(&alpha, json!({"what": "needs"})).await["entries"].as_array().map(Vec::len) != Some(1) {
         assert!(start.elapsed() < Duration::from_secs(10), "the new need is not answered");

@@ -96,9 +96,10 @@ fn v_revision(v: &Value) -> u64 {
 
 #[tokio::test]
 async fn pages_large_values_to_stay_under_max_payload() {
-    let bus = Bus::start().await;
-    // The host makes the needs bucket, here with a value-size limit raised to 1 MiB (the
-    // default, 64 KiB, would refuse these values at the bus).
+    // The nodes' shares made with a value-size limit raised to 1 MiB (the default, 64 KiB,
+    // would refuse these values at the bus).
+    let limits = mesh_provisioner::bucket::Limits { max_value: 1 << 20, ..Default::default() };
+    let bus = Bus::start_with(limits, mesh_provisioner::bucket::Share::default()).await;
     let host = Host::start(&bus, &["--value-max-kib", "1024"]).await;
     let big = format!("\"{}\"", "v".repeat(400_000));
     for i in 0..4 {
