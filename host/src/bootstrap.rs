@@ -41,7 +41,7 @@ impl Plan {
     pub async fn of(guest: &Guest, nodes: &[impl AsRef<str>], providers: &[impl AsRef<str>], flags: BucketFlags, limits: crate::runtime::Limits) -> Result<Plan> {
         for name in nodes.iter().map(AsRef::as_ref).chain(providers.iter().map(AsRef::as_ref)) {
             if !plain_token(name) {
-                return Err(Error::new(ErrorKind::Config, format!("{name:?} is not a node or provider name (letters, digits, - and _)")));
+                return Err(Error::new(ErrorKind::Config, format!("{name:?} is not a node or provider name (letters, digits, - and _, at most {MAX_NAME})")));
             }
         }
         let backend: Arc<dyn crate::backend::Backend> = MemoryBackend::new();
@@ -70,9 +70,13 @@ impl Plan {
     }
 }
 
+/// The longest node or provider name: a node's name is in its stream's name and in every
+/// sourcing header, which its share's room allows for ([`Share::SOURCE_OVERHEAD`]).
+const MAX_NAME: usize = 64;
+
 fn plain_token(s: &str) -> bool {
     let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    s.len() <= MAX_NAME && chars.next().is_some_and(|c| c.is_ascii_alphanumeric()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// What became of one bucket.
@@ -174,9 +178,14 @@ async fn shared(js: &jetstream::Context, spec: &Spec, nodes: &[&str], share: Sha
             sources.push(source);
         }
     }
-    if config.max_bytes < want.max_bytes {
-        config.max_bytes = want.max_bytes;
-        changed.push(format!("byte limit {} (room for every node's share)", want.max_bytes));
+    // Room for the whole share of every node it sources (those named before too), besides what
+    // it holds of its own (keys kept from when it was one stream): a bucket that filled would
+    // stop every node's sourcing, silently.
+    let held = if info.config.subjects.is_empty() { 0 } else { info.state.bytes as i64 };
+    let room = share.room().saturating_mul(sources.len() as i64).saturating_add(held);
+    if config.max_bytes < room {
+        config.max_bytes = room;
+        changed.push(format!("byte limit {room} (room for every node's share)"));
     }
     if config.duplicate_window > want.duplicate_window {
         config.duplicate_window = want.duplicate_window;
@@ -196,7 +205,7 @@ async fn share(js: &jetstream::Context, node: &str, share: Share, spec: &Spec) -
             Ok(_) => Ok(Outcome::Safe),
             Err(e) => match e.kind() {
                 GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => js
-                    .create_stream(node_config(node, share, spec.limits, spec.replicas))
+                    .create_stream(node_config(node, share, spec))
                     .await
                     .map(|_| Outcome::Made)
                     .map_err(|e| Error::new(ErrorKind::Unavailable, format!("making {name}: {e}"))),
@@ -285,7 +294,8 @@ mod tests {
     #[test]
     fn refuses_a_node_name_that_is_not_a_token() {
         assert!(plain_token("alpha") && plain_token("node-7_b"));
-        for bad in ["", "*", ">", "a.b", "-x", "a b"] {
+        assert!(plain_token(&"n".repeat(MAX_NAME)));
+        for bad in ["", "*", ">", "a.b", "-x", "a b", &"n".repeat(MAX_NAME + 1)] {
             assert!(!plain_token(bad), "{bad:?}");
         }
     }

@@ -158,26 +158,16 @@ pub fn node_stream(node: &str) -> String {
     format!("NODE_{node}")
 }
 
-/// `node`'s stream: its keys of every shared bucket, within its share, with the settings of a
-/// bucket made here (one value a key, no roll-ups or API deletes, direct gets).
-pub fn node_config(node: &str, share: Share, limits: Limits, replicas: usize) -> stream::Config {
+/// `node`'s stream: its keys of every shared bucket, within its share, with the settings of
+/// `spec`, a shared bucket's (one value a key, no roll-ups or API deletes, direct gets).
+pub fn node_config(node: &str, share: Share, spec: &Spec) -> stream::Config {
     stream::Config {
         name: node_stream(node),
         description: Some(format!("node {node}'s keys of the shared buckets, within its share")),
         subjects: SHARED_BUCKETS.iter().map(|b| format!("$KV.{b}.{node}.>")).collect(),
-        max_messages_per_subject: 1,
         max_bytes: share.max_bytes,
         max_messages: share.max_keys,
-        max_message_size: limits.max_value,
-        duplicate_window: Duration::from_secs(120),
-        storage: stream::StorageType::File,
-        num_replicas: replicas.max(1),
-        discard: stream::DiscardPolicy::New,
-        allow_rollup: false,
-        deny_delete: true,
-        deny_purge: false,
-        allow_direct: true,
-        ..Default::default()
+        ..spec.stream_config()
     }
 }
 
@@ -188,8 +178,9 @@ pub const SHARED_BUCKETS: [&str; 3] = ["mesh-provisioner_needs", "mesh-provision
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shape {
     /// A KV bucket: its subjects exactly `$KV.<bucket>.>`, no mirror, sources, transform or
-    /// republish. `unsafe_settings` says what lets one writer remove or crowd out another's
-    /// keys (empty when none).
+    /// republish — or, for a shared bucket, no subjects and exactly its nodes' shares as
+    /// sources. `unsafe_settings` says what lets one writer remove or crowd out another's keys
+    /// (empty when none).
     Bucket { unsafe_settings: Vec<String> },
     /// Not a bucket's stream: never read, and said why.
     Refused(String),
@@ -221,6 +212,11 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     if config.max_messages_per_subject < 1 {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it keeps no history per key"));
     }
+    Shape::Bucket { unsafe_settings: unsafe_settings(config) }
+}
+
+/// What in a bucket's settings lets one writer remove or crowd out another's keys.
+fn unsafe_settings(config: &stream::Config) -> Vec<String> {
     let mut unsafe_settings = Vec::new();
     if config.allow_rollup {
         unsafe_settings.push("allows roll-ups (Nats-Rollup): one writer's write may remove every other writer's keys".to_string());
@@ -231,7 +227,7 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     if config.max_message_size <= 0 {
         unsafe_settings.push("has no value-size limit".to_string());
     }
-    Shape::Bucket { unsafe_settings }
+    unsafe_settings
 }
 
 /// A shared bucket made of its nodes' shares: each source a node's stream, filtered to that
@@ -248,17 +244,7 @@ fn sourced_shape(bucket: &str, config: &stream::Config, sources: &[stream::Sourc
     if config.mirror.is_some() || config.republish.is_some() || config.subject_transform.is_some() || config.max_messages_per_subject < 1 {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: its nodes' shares are mirrored, republished, transformed or keep no history"));
     }
-    let mut unsafe_settings = Vec::new();
-    if config.allow_rollup {
-        unsafe_settings.push("allows roll-ups (Nats-Rollup): one node's sourced write may remove every other node's keys".to_string());
-    }
-    if config.max_bytes <= 0 {
-        unsafe_settings.push("has no byte limit".to_string());
-    }
-    if config.max_message_size <= 0 {
-        unsafe_settings.push("has no value-size limit".to_string());
-    }
-    Shape::Bucket { unsafe_settings }
+    Shape::Bucket { unsafe_settings: unsafe_settings(config) }
 }
 
 /// A stream's settings and state read now; `None` when `bucket` does not exist. An error only
@@ -427,7 +413,7 @@ mod tests {
         let share = Share { max_bytes: 1 << 20, max_keys: 100 };
         let needs = Spec::new("mesh-provisioner_needs", "test", 1, 3, Limits::default());
         assert!(needs.shared && !Spec::new("composed-alpha", "test", 1, 1, Limits::default()).shared);
-        let node = node_config("alpha", share, Limits::default(), 3);
+        let node = node_config("alpha", share, &needs);
         assert_eq!(node.name, "NODE_alpha");
         assert_eq!(node.subjects, ["$KV.mesh-provisioner_needs.alpha.>", "$KV.mesh-provisioner_applied.alpha.>", "$KV.mesh-provisioner_collect.alpha.>"]);
         // The bus refuses a write past the share; it never evicts an older key for it.

@@ -291,7 +291,11 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
 async fn main() {
     let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     tests::nats::prefer_release_binary();
-    let bus = Bus::start().await;
+    // The nodes' shares made large enough for the bench's keys (all alpha's): the example
+    // account's limits hold them up to a few hundred thousand keys; past that, `bootstrap`
+    // refuses to reserve more than the account may hold, and says so.
+    let keys = (large as i64) * 6 / 5 + 50_000;
+    let bus = Bus::start_with(mesh_provisioner::bucket::Limits::default(), mesh_provisioner::bucket::Share { max_bytes: keys * 256, max_keys: keys }).await;
     let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
     let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");

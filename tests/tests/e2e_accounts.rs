@@ -508,6 +508,8 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     let needs = js.get_stream(format!("KV_{NEEDS}")).await.expect("made").cached_info().config.clone();
     let sources: Vec<&str> = needs.sources.iter().flatten().map(|s| s.name.as_str()).collect();
     assert_eq!(sources, ["NODE_alpha", "NODE_beta", "NODE_gamma"], "{needs:?}");
+    // With room for the three whole shares (a bucket that filled would stop every sourcing).
+    assert!(needs.max_bytes >= 3 * mesh_provisioner::bucket::Share::default().room(), "{needs:?}");
     // A name that is no node.
     let (code, out) = bootstrap(&bus, &["--node", "*"]).await;
     assert_eq!(code, Some(1), "{out}");
