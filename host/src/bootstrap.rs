@@ -249,6 +249,10 @@ fn safe_in_place(config: &mut async_nats::jetstream::stream::Config, spec: &Spec
         config.max_message_size = spec.limits.max_value;
         changed.push(format!("value-size limit {}", spec.limits.max_value));
     }
+    if config.discard != async_nats::jetstream::stream::DiscardPolicy::New {
+        config.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+        changed.push("a write past a limit refused, never evicting older keys (discard new)".to_string());
+    }
     changed
 }
 

@@ -227,6 +227,9 @@ fn unsafe_settings(config: &stream::Config) -> Vec<String> {
     if config.max_message_size <= 0 {
         unsafe_settings.push("has no value-size limit".to_string());
     }
+    if config.discard == stream::DiscardPolicy::Old {
+        unsafe_settings.push("discards its oldest messages when full: one writer's writes evict every other writer's oldest keys".to_string());
+    }
     unsafe_settings
 }
 
@@ -402,10 +405,11 @@ mod tests {
     #[test]
     fn names_each_unsafe_setting() {
         let b = "postgres_bound";
-        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, ..made(b) };
+        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, discard: stream::DiscardPolicy::Old, ..made(b) };
         let Shape::Bucket { unsafe_settings } = shape(b, &old) else { panic!("refused") };
-        assert_eq!(unsafe_settings.len(), 3, "{unsafe_settings:?}");
+        assert_eq!(unsafe_settings.len(), 4, "{unsafe_settings:?}");
         assert!(unsafe_settings[0].contains("roll-ups") && unsafe_settings[1].contains("byte limit") && unsafe_settings[2].contains("value-size"));
+        assert!(unsafe_settings[3].contains("evict"), "{unsafe_settings:?}");
     }
 
     #[test]

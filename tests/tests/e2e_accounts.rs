@@ -470,9 +470,15 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     let js = bus.js(OPERATOR).await;
     // Made before: the config domain's bucket with roll-ups allowed and no value-size limit.
     js.create_key_value(jetstream::kv::Config { bucket: CONFIG.into(), max_bytes: 1 << 20, ..Default::default() }).await.expect("an old bucket");
+    // And the indexer's, full of a byte limit that evicts the oldest keys (discard old).
+    let evicting = stream::Config { discard: stream::DiscardPolicy::Old, ..tests::nats::spec("mesh-indexer_builds", 1).stream_config() };
+    js.create_stream(evicting).await.expect("an evicting bucket");
     let (code, out) = bootstrap(&bus, &["--node", "alpha", "--node", "beta", "--provider", "postgres"]).await;
     assert_eq!(code, Some(0), "{out}");
-    for bucket in [REGISTRY, SEAT, NEEDS, APPLIED, "mesh-provisioner_collect", "mesh-controller_assignments", "mesh-indexer_builds", "composed-alpha", "composed-beta", BOUND] {
+    let builds = js.get_stream("KV_mesh-indexer_builds").await.expect("kept").cached_info().config.clone();
+    assert_eq!(builds.discard, stream::DiscardPolicy::New, "{builds:?}");
+    assert!(out.lines().any(|l| l.starts_with("mesh-indexer_builds") && l.contains("made safe") && l.contains("discard new")), "{out}");
+    for bucket in [REGISTRY, SEAT, NEEDS, APPLIED, "mesh-provisioner_collect", "mesh-controller_assignments", "composed-alpha", "composed-beta", BOUND] {
         assert!(out.lines().any(|l| l.starts_with(bucket) && l.trim_end().ends_with("made")), "{bucket} not made:\n{out}");
         let info = js.get_stream(format!("KV_{bucket}")).await.expect("made").cached_info().config.clone();
         assert!(!info.allow_rollup && info.deny_delete && info.max_bytes > 0 && info.max_message_size > 0, "{bucket}: {info:?}");
