@@ -21,7 +21,7 @@ use std::sync::Arc;
 use async_nats::jetstream;
 
 use crate::backend::MemoryBackend;
-use crate::bucket::{node_config, node_stream, shape, stream_info, Limits, Shape, Share, Spec};
+use crate::bucket::{create_stream_as, named_stream_info, node_config, node_stream, shape, stream_info, Limits, Shape, Share, Spec};
 use crate::cli::BucketFlags;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::Guest;
@@ -156,10 +156,7 @@ pub async fn apply(js: &jetstream::Context, plan: &Plan) -> Report {
 async fn shared(js: &jetstream::Context, spec: &Spec, nodes: &[&str], share: Share) -> Result<Outcome> {
     let want = spec.sourced_config(nodes, share);
     let Some(info) = stream_info(js, &spec.bucket).await? else {
-        crate::bucket::bounded(|| format!("creating bucket {}", spec.bucket), async {
-            js.create_stream(want).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {}: {e}", spec.bucket)))
-        })
-        .await?;
+        create_stream_as(js, want, &format!("bucket {}", spec.bucket)).await?;
         return Ok(Outcome::Made);
     };
     if let Shape::Refused(why) = shape(&spec.bucket, &info.config) {
@@ -197,23 +194,12 @@ async fn shared(js: &jetstream::Context, spec: &Spec, nodes: &[&str], share: Sha
 /// `node`'s stream of its keys of the shared buckets, made with its share; one that exists is
 /// left as it is (its limits are the operator's).
 async fn share(js: &jetstream::Context, node: &str, share: Share, spec: &Spec) -> Result<Outcome> {
-    use async_nats::jetstream::context::GetStreamErrorKind;
-    use async_nats::jetstream::ErrorCode;
     let name = node_stream(node);
-    crate::bucket::bounded(|| format!("making {name}"), async {
-        match js.get_stream(name.clone()).await {
-            Ok(_) => Ok(Outcome::Safe),
-            Err(e) => match e.kind() {
-                GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => js
-                    .create_stream(node_config(node, share, spec))
-                    .await
-                    .map(|_| Outcome::Made)
-                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("making {name}: {e}"))),
-                _ => Err(Error::new(ErrorKind::Unavailable, format!("reading {name}: {e}"))),
-            },
-        }
-    })
-    .await
+    if named_stream_info(js, &name, &name).await?.is_some() {
+        return Ok(Outcome::Safe);
+    }
+    create_stream_as(js, node_config(node, share, spec), &name).await?;
+    Ok(Outcome::Made)
 }
 
 async fn one(js: &jetstream::Context, spec: &Spec) -> Result<Outcome> {

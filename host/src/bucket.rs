@@ -191,17 +191,26 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     let want = format!("$KV.{bucket}.>");
     let sources = config.sources.as_deref().unwrap_or_default();
     if SHARED_BUCKETS.contains(&bucket) && config.subjects.is_empty() && !sources.is_empty() {
-        return sourced_shape(bucket, config, sources);
-    }
-    if config.subjects.len() != 1 || config.subjects[0] != want {
-        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it captures {:?}, not exactly [{want:?}]", config.subjects));
+        // Made of its nodes' shares: each source a node's stream, filtered to that node's keys
+        // of this bucket, untransformed.
+        for s in sources {
+            let node = s.name.strip_prefix("NODE_").unwrap_or_default();
+            let filter = format!("$KV.{bucket}.{node}.>");
+            if node.is_empty() || s.filter_subject.as_deref() != Some(filter.as_str()) || !s.subject_transforms.is_empty() || s.external.is_some() {
+                return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {} other than as one node's share ({filter})", s.name));
+            }
+        }
+    } else {
+        if config.subjects.len() != 1 || config.subjects[0] != want {
+            return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it captures {:?}, not exactly [{want:?}]", config.subjects));
+        }
+        if !sources.is_empty() {
+            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+            return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {names:?}"));
+        }
     }
     if let Some(m) = &config.mirror {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it mirrors stream {}", m.name));
-    }
-    if let Some(s) = config.sources.as_ref().filter(|s| !s.is_empty()) {
-        let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
-        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {names:?}"));
     }
     if config.subject_transform.is_some() {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it transforms its subjects"));
@@ -212,11 +221,6 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     if config.max_messages_per_subject < 1 {
         return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it keeps no history per key"));
     }
-    Shape::Bucket { unsafe_settings: unsafe_settings(config) }
-}
-
-/// What in a bucket's settings lets one writer remove or crowd out another's keys.
-fn unsafe_settings(config: &stream::Config) -> Vec<String> {
     let mut unsafe_settings = Vec::new();
     if config.allow_rollup {
         unsafe_settings.push("allows roll-ups (Nats-Rollup): one writer's write may remove every other writer's keys".to_string());
@@ -230,39 +234,28 @@ fn unsafe_settings(config: &stream::Config) -> Vec<String> {
     if config.discard == stream::DiscardPolicy::Old {
         unsafe_settings.push("discards its oldest messages when full: one writer's writes evict every other writer's oldest keys".to_string());
     }
-    unsafe_settings
-}
-
-/// A shared bucket made of its nodes' shares: each source a node's stream, filtered to that
-/// node's keys of this bucket, untransformed.
-fn sourced_shape(bucket: &str, config: &stream::Config, sources: &[stream::Source]) -> Shape {
-    for s in sources {
-        let node = s.name.strip_prefix("NODE_").unwrap_or_default();
-        let filter = format!("$KV.{bucket}.{node}.>");
-        let transformed = !s.subject_transforms.is_empty();
-        if node.is_empty() || s.filter_subject.as_deref() != Some(filter.as_str()) || transformed || s.external.is_some() {
-            return Shape::Refused(format!("stream KV_{bucket} is not a bucket: it sources {} other than as one node's share ({filter})", s.name));
-        }
-    }
-    if config.mirror.is_some() || config.republish.is_some() || config.subject_transform.is_some() || config.max_messages_per_subject < 1 {
-        return Shape::Refused(format!("stream KV_{bucket} is not a bucket: its nodes' shares are mirrored, republished, transformed or keep no history"));
-    }
-    Shape::Bucket { unsafe_settings: unsafe_settings(config) }
+    Shape::Bucket { unsafe_settings }
 }
 
 /// A stream's settings and state read now; `None` when `bucket` does not exist. An error only
 /// when the bus cannot say.
 pub async fn stream_info(js: &jetstream::Context, bucket: &str) -> Result<Option<stream::Info>> {
+    named_stream_info(js, &format!("KV_{bucket}"), &format!("bucket {bucket}")).await
+}
+
+/// The stream `name`'s settings and state read now; `None` when it does not exist. `what` names
+/// it in an error, which comes only when the bus cannot say.
+pub async fn named_stream_info(js: &jetstream::Context, name: &str, what: &str) -> Result<Option<stream::Info>> {
     use async_nats::jetstream::context::GetStreamErrorKind;
     use async_nats::jetstream::ErrorCode;
     bounded(
-        || format!("reading the stream of bucket {bucket}"),
+        || format!("reading the stream of {what}"),
         async {
-            match js.get_stream(format!("KV_{bucket}")).await {
+            match js.get_stream(name).await {
                 Ok(stream) => Ok(Some(stream.cached_info().clone())),
                 Err(e) => match e.kind() {
                     GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
-                    _ => Err(Error::new(ErrorKind::Unavailable, format!("bucket {bucket}: {e}"))),
+                    _ => Err(Error::new(ErrorKind::Unavailable, format!("{what}: {e}"))),
                 },
             }
         },
@@ -319,9 +312,14 @@ pub async fn open_bucket(js: &jetstream::Context, spec: &Spec) -> Result<kv::Sto
 
 /// Creates `spec.bucket`'s stream (one attempt, under [`BUS_DEADLINE`]).
 pub async fn create_stream(js: &jetstream::Context, spec: &Spec) -> Result<()> {
-    let bucket = spec.bucket.as_str();
-    bounded(|| format!("creating bucket {bucket}"), async {
-        js.create_stream(spec.stream_config()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating bucket {bucket}: {e}")))
+    create_stream_as(js, spec.stream_config(), &format!("bucket {}", spec.bucket)).await
+}
+
+/// Creates a stream of `config` (one attempt, under [`BUS_DEADLINE`]); `what` names it in an
+/// error.
+pub async fn create_stream_as(js: &jetstream::Context, config: stream::Config, what: &str) -> Result<()> {
+    bounded(|| format!("creating {what}"), async {
+        js.create_stream(config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("creating {what}: {e}")))
     })
     .await?;
     Ok(())

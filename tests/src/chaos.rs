@@ -238,21 +238,9 @@ impl Mesh {
 }
 
 /// Every key the verb answers for `body`, with its value.
-async fn all_values(client: &Client, mut body: Value) -> Result<BTreeMap<String, Value>, String> {
-    let mut out = BTreeMap::new();
-    loop {
-        let (code, v) = crate::nats::ask_within(client, body.to_string().as_bytes(), Duration::from_secs(3)).await?;
-        if code.is_some() {
-            return Err(format!("error {code:?}: {v}"));
-        }
-        for e in v["entries"].as_array().into_iter().flatten() {
-            out.insert(e["key"].as_str().unwrap_or_default().to_string(), e["value"].clone());
-        }
-        match v.get("next") {
-            Some(n) => body["after"] = n.clone(),
-            None => return Ok(out),
-        }
-    }
+async fn all_values(client: &Client, body: Value) -> Result<BTreeMap<String, Value>, String> {
+    let items = crate::nats::answered_items(client, body, Duration::from_secs(3)).await?;
+    Ok(items.into_iter().map(|mut e| (e["key"].as_str().unwrap_or_default().to_string(), e["value"].take())).collect())
 }
 
 /// Every key the verb answers for `body`, with its revision.
@@ -263,8 +251,7 @@ async fn all_keys(client: &Client, body: Value) -> Result<BTreeMap<String, u64>,
 /// A writer: puts and deletes its node's keys, recording each acknowledged outcome.
 async fn write(w: Arc<Writer>, client: Client, gate: Arc<RwLock<()>>, stop: Arc<AtomicBool>, seed: u64) {
     let mut rng = Rng::new(seed);
-    // A node's KV client, through its account's JetStream domain.
-    let mut js = jetstream::with_domain(client, mesh_provisioner::connect::PARTY_DOMAIN);
+    let mut js = mesh_provisioner::connect::jetstream_of(client, &format!("node-{}", w.node));
     js.set_timeout(Duration::from_secs(2));
     let mut store = None;
     let mut n = 0u64;
@@ -304,7 +291,7 @@ async fn write(w: Arc<Writer>, client: Client, gate: Arc<RwLock<()>>, stop: Arc<
 /// The controller: moves plan inputs (assignments' wanted builds) now and then.
 async fn control(client: Client, stop: Arc<AtomicBool>, seed: u64) {
     let mut rng = Rng::new(seed);
-    let mut js = jetstream::with_domain(client, mesh_provisioner::connect::PARTY_DOMAIN);
+    let mut js = mesh_provisioner::connect::jetstream_of(client, "mesh-controller");
     js.set_timeout(Duration::from_secs(2));
     while !stop.load(Ordering::Relaxed) {
         if let Ok(kv) = js.get_key_value("mesh-controller_assignments").await {

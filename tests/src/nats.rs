@@ -47,9 +47,7 @@ impl Bus {
     /// As [`Bus::start`], with the shared buckets' value-size limit and each node's share
     /// given.
     pub async fn start_with(limits: mesh_provisioner::bucket::Limits, share: Share) -> Bus {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let server = Server::start(dir.path(), None, None).await.expect("nats-server starts (scripts/setup installs it)");
-        let bus = Bus { server, dir };
+        let bus = Self::start_bare().await;
         make_shared(&bus.js(OPERATOR).await, limits, share, 1).await;
         bus
     }
@@ -643,15 +641,23 @@ pub async fn try_verify(url: &str, user: &str, password: &str) -> Result<(Option
 
 /// Every key (entries and out of shape) the verb answers for `body`, each page followed, with its
 /// revision, in the order answered; `Err` on an error reply or no reply within `timeout`.
-pub async fn answered_keys(client: &Client, mut body: Value, timeout: Duration) -> Result<Vec<(String, u64)>, String> {
+pub async fn answered_keys(client: &Client, body: Value, timeout: Duration) -> Result<Vec<(String, u64)>, String> {
+    Ok(answered_items(client, body, timeout).await?.iter().map(|e| (e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0))).collect())
+}
+
+/// Every item (entries and out of shape) the verb answers for `body`, each page followed, in the
+/// order answered; `Err` on an error reply or no reply within `timeout`.
+pub async fn answered_items(client: &Client, mut body: Value, timeout: Duration) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
     loop {
-        let (code, v) = ask_within(client, body.to_string().as_bytes(), timeout).await?;
+        let (code, mut v) = ask_within(client, body.to_string().as_bytes(), timeout).await?;
         if code.is_some() {
             return Err(format!("error {code:?}: {v}"));
         }
-        for e in v["entries"].as_array().into_iter().flatten().chain(v["out_of_shape"].as_array().into_iter().flatten()) {
-            out.push((e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0)));
+        for list in ["entries", "out_of_shape"] {
+            if let Some(items) = v.get_mut(list).and_then(Value::as_array_mut) {
+                out.append(items);
+            }
         }
         match v.get("next") {
             Some(n) => body["after"] = n.clone(),
