@@ -50,6 +50,12 @@ pub struct BucketWriter {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Connection {
+    /// `buckets`, `seat` or `serving`.
+    pub connection: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Stream {
     pub stream: String,
     pub subject: String,
@@ -121,6 +127,7 @@ pub struct Metrics {
     pub state_records: Counter,
     pub state_conflicts: Counter,
     pub state_sweeps: Counter,
+    pub bus_disconnects: Family<Connection, Counter>,
 }
 
 /// The process's metrics, made on first use.
@@ -170,6 +177,7 @@ impl Metrics {
             state_records: Counter::default(),
             state_conflicts: Counter::default(),
             state_sweeps: Counter::default(),
+            bus_disconnects: Family::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -210,6 +218,7 @@ impl Metrics {
         registry.register("state_records", "Module state records written (a change, or a module first seen)", m.state_records.clone());
         registry.register("state_record_conflicts", "State records whose compare-and-set lost (found again, nothing published)", m.state_conflicts.clone());
         registry.register("state_sweeps", "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)", m.state_sweeps.clone());
+        registry.register("bus_disconnects", "Times a connection to the bus was lost, by connection (buckets, seat, serving)", m.bus_disconnects.clone());
         Metrics { registry, ..m }
     }
 
@@ -235,6 +244,11 @@ impl Metrics {
     /// an attack is worth counting whether or not the HTTP side runs).
     pub fn refused_reply(&self, endpoint: &str) {
         self.refused_replies.get_or_create(&Endpoint { endpoint: endpoint.to_string() }).inc();
+    }
+
+    /// Counts one loss of a connection to the bus (always: it is what an operator alerts on).
+    pub fn bus_disconnect(&self, connection: &str) {
+        self.bus_disconnects.get_or_create(&Connection { connection: connection.to_string() }).inc();
     }
 
     /// Counts one lookup of the reply cache.

@@ -78,8 +78,8 @@ pub async fn run(args: Serve) -> Result<()> {
     served
 }
 
-/// The two connections to the bus: one for the buckets (mirrors, writes, the seat, discovery)
-/// and one that only serves the verbs, as its own user when one is given (`--service-*`; the
+/// The three connections to the bus: one for the buckets (mirrors, writes, discovery), one for
+/// the seat alone, and one that only serves the verbs, as its own user when one is given (`--service-*`; the
 /// embedded default's `mesh-provisioner-service`), whose grant is nothing but replies.
 ///
 /// Why two: the serving user may then publish nothing but a reply, and the buckets' user needs
@@ -90,8 +90,13 @@ pub async fn run(args: Serve) -> Result<()> {
 /// entries that every request then paid for (measured: `pruneReplyPerms` 74% of the server's
 /// CPU, the verb at 0.15–0.34× the echo's throughput at 1M keys). The serving connection only
 /// ever holds requests it answers.
+///
+/// Why the seat apart: its renewals must not wait behind a mirror's replay, and a connection
+/// that reads what nodes wrote can be cut by it (a reader bug, a slow consumer); the seat's
+/// connection reads nothing but the seat's own replies.
 struct Bus {
     client: async_nats::Client,
+    seat: async_nats::Client,
     service: async_nats::Client,
 }
 
@@ -104,24 +109,20 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
     let on_event = move |event: async_nats::Event| {
         let tx = events_tx.clone();
         async move {
-            match event {
-                async_nats::Event::Connected => tx.send_modify(|n| *n += 1),
-                // A refusal (a permission violation, say) is the operator's to see.
-                async_nats::Event::ServerError(e) => tracing::warn!("the server said: {e}"),
-                _ => {}
+            if let async_nats::Event::Connected = event {
+                tx.send_modify(|n| *n += 1);
             }
+            on_connection_event("buckets", event);
         }
     };
-    let on_server_error = |event: async_nats::Event| async move {
-        if let async_nats::Event::ServerError(e) = event {
-            tracing::warn!("the server said (serving connection): {e}");
-        }
-    };
+    let on_seat_event = |event: async_nats::Event| async move { on_connection_event("seat", event) };
+    let on_server_error = |event: async_nats::Event| async move { on_connection_event("serving", event) };
     if let Some(url) = &args.connect.nats_url {
         if args.demo {
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
         let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
+        let seat = connect::connect(url, connect::options(&args.connect, "mesh-provisioner-seat").await?.event_callback(on_seat_event)).await?;
         let service_options = match Login::of_service(&args.service)? {
             Some(login) => {
                 let inbox = login.inbox(SERVICE_USER);
@@ -133,7 +134,7 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
             }
         };
         let service = connect::connect(url, service_options.event_callback(on_server_error)).await?;
-        return Ok((Bus { client, service }, None, events));
+        return Ok((Bus { client, seat, service }, None, events));
     }
     let dir = state.join("nats");
     // Keep the passwords of an earlier run, so its data stays reachable.
@@ -150,13 +151,28 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         state.display()
     );
     let client = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner").subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
+    let seat = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat").event_callback(on_seat_event)).await?;
     let service = connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
-    Ok((Bus { client, service }, Some(server), events))
+    Ok((Bus { client, seat, service }, Some(server), events))
+}
+
+/// What each connection tells: a refusal (a permission violation, say) is the operator's to
+/// see, and every loss of a connection is counted.
+fn on_connection_event(connection: &'static str, event: async_nats::Event) {
+    match event {
+        async_nats::Event::ServerError(e) => tracing::warn!(connection, "the server said: {e}"),
+        async_nats::Event::Disconnected => {
+            tracing::warn!(connection, "disconnected from the bus");
+            crate::metrics::metrics().bus_disconnect(connection);
+        }
+        async_nats::Event::ClientError(e) => tracing::warn!(connection, "bus client error: {e}"),
+        _ => {}
+    }
 }
 
 /// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
 async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> Result<Shared> {
-    let Bus { client, service } = bus;
+    let Bus { client, seat, service } = bus;
     let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
     let options = crate::nats::Options {
         replicas: args.buckets.replicas as usize,
@@ -175,7 +191,7 @@ async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> 
         Some(i) => i.clone(),
         None => default_instance()?,
     };
-    let seat = Seat::open(nats.jetstream(), args.seat_ttl, args.buckets.replicas as usize, instance).await?;
+    let seat = Seat::open(&async_nats::jetstream::new(seat), args.seat_ttl, args.buckets.replicas as usize, instance).await?;
     nats.gate_writes(seat.clone());
     // A standby keeps its mirrors warm so that taking over is quick.
     for bucket in crate::nats::WARM_BUCKETS {

@@ -521,3 +521,141 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("is not a node or provider name"), "{out}");
 }
+
+/// A node's client speaking the protocol by hand, so it can send what no client library would:
+/// bytes that are not UTF-8 in a subject or a header, a header block that is no NATS header.
+struct RawNode {
+    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl RawNode {
+    async fn connect(bus: &Bus, user: &str) -> RawNode {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let address = bus.url().trim_start_matches("nats://").to_string();
+        let stream = tokio::net::TcpStream::connect(&address).await.expect("the bus listens");
+        let (read, mut writer) = stream.into_split();
+        let mut reader = tokio::io::BufReader::new(read);
+        let mut info = String::new();
+        reader.read_line(&mut info).await.expect("INFO");
+        assert!(info.starts_with("INFO "), "{info}");
+        let connect = json!({"user": user, "pass": bus.password(user), "headers": true, "verbose": false, "pedantic": false, "protocol": 1});
+        writer.write_all(format!("CONNECT {connect}\r\n").as_bytes()).await.expect("CONNECT");
+        let mut node = RawNode { reader, writer };
+        node.round_trip().await;
+        node
+    }
+
+    /// Sends one `HPUB` of exactly these bytes.
+    async fn hpub(&mut self, subject: &[u8], reply: Option<&str>, header: &[u8], payload: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let mut frame = b"HPUB ".to_vec();
+        frame.extend_from_slice(subject);
+        if let Some(reply) = reply {
+            frame.extend_from_slice(format!(" {reply}").as_bytes());
+        }
+        frame.extend_from_slice(format!(" {} {}\r\n", header.len(), header.len() + payload.len()).as_bytes());
+        frame.extend_from_slice(header);
+        frame.extend_from_slice(payload);
+        frame.extend_from_slice(b"\r\n");
+        self.writer.write_all(&frame).await.expect("HPUB");
+    }
+
+    async fn send(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.writer.write_all(line.as_bytes()).await.expect("sent");
+    }
+
+    /// `PING` until `PONG`: everything sent before was taken (a refusal would be an `-ERR`).
+    async fn round_trip(&mut self) {
+        self.send("PING\r\n").await;
+        loop {
+            let (line, _) = self.next().await;
+            assert!(!line.starts_with("-ERR"), "the server refused: {line}");
+            if line.starts_with("PONG") {
+                return;
+            }
+        }
+    }
+
+    /// The next protocol line, and a message's bytes (header and payload) when it is one.
+    async fn next(&mut self) -> (String, Vec<u8>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), self.reader.read_until(b'\n', &mut raw)).await.expect("the bus says something").expect("read");
+        let line = String::from_utf8_lossy(&raw).trim_end().to_string();
+        if line.starts_with("PING") {
+            self.writer.write_all(b"PONG\r\n").await.expect("PONG");
+        }
+        let mut body = Vec::new();
+        if line.starts_with("MSG ") || line.starts_with("HMSG ") {
+            let total: usize = line.rsplit(' ').next().and_then(|n| n.parse().ok()).expect("a length");
+            body.resize(total + 2, 0);
+            self.reader.read_exact(&mut body).await.expect("the message");
+            body.truncate(total);
+        }
+        (line, body)
+    }
+}
+
+#[tokio::test]
+async fn no_bytes_a_node_writes_cut_the_provisioner_off() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
+    let http = host.http_url().await;
+    let beta = bus.client("node-beta").await;
+    bus.put("node-beta", NEEDS, "beta.web.config.base_url", br#"{"placeholder":"${config:base_url}"}"#).await;
+    status_until(&beta, "beta", "web", "its need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 1)).await;
+    let holder = bus.seat_holder().await.expect("a holder");
+    let transitions = metric(&http, "mesh_provisioner_seat_transitions_total").await;
+
+    // nats-server checks neither subjects nor headers for UTF-8, and JetStream stores them as
+    // sent: each of these is kept in alpha's share and delivered to the provisioner's mirror,
+    // again after every reconnect if reading it cut the connection.
+    let mut alpha = RawNode::connect(&bus, "node-alpha").await;
+    let need = br#"{"placeholder":"${config:x}"}"#;
+    alpha.hpub(b"$KV.mesh-provisioner_needs.alpha.\xff.config.x", None, b"NATS/1.0\r\nX: \xff\r\n\r\n", need).await;
+    alpha.hpub(b"$KV.mesh-provisioner_applied.alpha.\xfe", None, b"NATS/1.0\r\n\r\n", b"{}").await;
+    // A key in shape under a header block that is no NATS header: still alpha's need.
+    alpha.hpub(b"$KV.mesh-provisioner_needs.alpha.app.config.odd", None, b"HTTP/1.1 abc\r\nno colon\r\nbad name: 1\r\n\r\n", br#"{"placeholder":"${config:odd}"}"#).await;
+    alpha.round_trip().await;
+    // The verb asked with the same header: the serving connection reads it and answers.
+    alpha.send("SUB _INBOX_node-alpha.raw 1\r\n").await;
+    alpha.hpub(b"mesh-provisioner.provisioning", Some("_INBOX_node-alpha.raw"), b"NATS/1.0\r\nX: \xff\r\nY\r\n\r\n", br#"{"what":"needs","node":"beta"}"#).await;
+    let answer = loop {
+        let (line, body) = alpha.next().await;
+        assert!(!line.starts_with("-ERR"), "the server refused: {line}");
+        if line.starts_with("MSG ") || line.starts_with("HMSG ") {
+            break body;
+        }
+    };
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("beta.web.config.base_url"), "the verb answers a request with a hostile header: {text}");
+
+    // The mirror read past every one of them: the key in shape is listed, the others are said
+    // out of shape (with U+FFFD for the bytes that were not UTF-8), never dropped.
+    let start = Instant::now();
+    let needs = loop {
+        let v = ask_ok(&beta, json!({"what":"needs","node":"alpha"})).await;
+        if tests::keys(&v).iter().any(|k| k == "alpha.app.config.odd") && !tests::out_of_shape(&v).is_empty() {
+            break v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "alpha's needs never showed what it wrote: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(tests::out_of_shape(&needs), ["alpha.\u{FFFD}.config.x"]);
+    let applied = ask_ok(&beta, json!({"what":"applied","node":"alpha"})).await;
+    assert_eq!(tests::out_of_shape(&applied), ["alpha.\u{FFFD}"]);
+
+    // And after it all: a later write of beta's is read, the seat never moved, no connection
+    // of the provisioner's was lost.
+    bus.put("node-beta", NEEDS, "beta.web.config.later", br#"{"placeholder":"${config:later}"}"#).await;
+    status_until(&beta, "beta", "web", "its later need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2)).await;
+    assert_eq!(bus.seat_holder().await.as_deref(), Some(holder.as_str()));
+    assert_eq!(metric(&http, "mesh_provisioner_seat_transitions_total").await, transitions);
+    let (_, _, page) = get(&format!("{http}/metrics")).await;
+    let lost: Vec<&str> = page.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).collect();
+    assert!(lost.is_empty(), "a connection was lost: {lost:?}");
+    assert!(host.log_text().lines().all(|l| !l.contains("disconnected from the bus")), "{}", host.log_text());
+}
