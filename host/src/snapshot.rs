@@ -312,6 +312,20 @@ mod tests {
     }
 
     #[test]
+    fn keys_no_subject_syntax_allows_load_as_they_were_saved() {
+        // The bus stores what a node wrote: wildcards, control bytes, empty tokens, U+FFFD.
+        let dir = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::new(dir.path().to_path_buf());
+        let odd = [("alpha.*.config.x", 1, "1"), ("alpha.>", 2, "2"), ("alpha.\u{1}\u{1b}[2J.config.y", 3, "3"), ("alpha..x", 4, "4"), ("alpha.\u{FFFD}", 5, "5")];
+        let m = mirror_with(&odd, &[("alpha.\u{7}", 6)]);
+        snaps.save("needs", &m).unwrap().expect("saved");
+        let back = Mirror::new();
+        let loaded = snaps.load("needs", stream(9), &back).unwrap().expect("loaded");
+        assert_eq!((loaded.entries, loaded.markers), (5, 1));
+        assert_eq!(contents(&back), contents(&m));
+    }
+
+    #[test]
     fn a_large_mirror_is_written_in_steps_and_read_back_whole() {
         let dir = tempfile::tempdir().unwrap();
         let snaps = Snapshots::new(dir.path().to_path_buf());
