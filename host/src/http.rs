@@ -1,9 +1,9 @@
 //! The HTTP side, on when `--http <addr>` is given (and on a free loopback port under `--demo`):
 //! `/healthz` and `/readyz` for probes and load balancers, `/metrics` in the Prometheus text
 //! format, and `/` — a status page of the mesh, fed by `/api/status` and kept current by
-//! `/api/events`: the module state changes the seat's holder publishes
-//! (`mesh-provisioner.event.>`, heard once by this process whichever role it has), forwarded
-//! to each page as server-sent events.
+//! `/api/events`: the module state changes this instance tells while it holds the seat, handed
+//! over in process (`feed`; a standby's page has none) and forwarded to each page as
+//! server-sent events. Nothing published on the bus reaches a page.
 //!
 //! Served by axum's router on the process's runtime, through an accept loop of its own (as an
 //! exporter on a shared host is): only the `Host` names the operator allows are answered (others
@@ -108,57 +108,28 @@ struct Snapshot {
     refreshed: tokio::sync::Notify,
 }
 
-/// State changes kept for a page that falls behind; past it, the page is told to read the
-/// status again.
-const EVENTS_KEPT: usize = 1024;
-
 /// What the HTTP side reads.
 pub struct Http {
     pub shared: crate::shared::Shared,
     snapshot: Snapshot,
-    /// The state changes heard, for every page following them.
-    events: tokio::sync::broadcast::Sender<Arc<Value>>,
 }
 
 impl Http {
     pub fn new(shared: crate::shared::Shared) -> Arc<Http> {
-        let events = tokio::sync::broadcast::channel(EVENTS_KEPT).0;
-        Arc::new(Http { shared, snapshot: Snapshot::default(), events })
+        Arc::new(Http { shared, snapshot: Snapshot::default() })
     }
 }
 
-/// Hears every node's state changes on the bus and hands each to the pages following them.
-/// An event that is not a JSON object is dropped (only the provisioner may publish there, but a
-/// page is never handed what it cannot read).
-pub async fn hear_events(http: Arc<Http>) {
-    use futures::StreamExt;
-    let subject = format!("{}>", crate::states::EVENT_PREFIX);
-    loop {
-        match http.shared.client.subscribe(subject.clone()).await {
-            Ok(mut sub) => {
-                while let Some(msg) = sub.next().await {
-                    if let Ok(v @ Value::Object(_)) = serde_json::from_slice::<Value>(&msg.payload) {
-                        // No page following: nothing to do.
-                        let _ = http.events.send(Arc::new(v));
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("the status page cannot hear state changes ({subject}): {e}"),
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// `/api/events`: each state change as a server-sent event (`state`), and `resync` when this
-/// page fell behind and should read `/api/status` again.
+/// `/api/events`: each state change this instance tells as a server-sent event (`state`), and
+/// `resync` when this page fell behind and should read `/api/status` again (`feed`).
 async fn events(State(h): State<Arc<Http>>) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    let receiver = h.events.subscribe();
+    use crate::feed::Told;
+    let receiver = h.shared.feed.follow();
     let stream = futures::stream::unfold(receiver, |mut r| async move {
         let event = match r.recv().await {
-            // Compact JSON: one line, as an event's data must be.
-            Ok(v) => Event::default().event("state").data(v.to_string()),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Event::default().event("resync").data(""),
+            Ok(Told::State(line)) => Event::default().event("state").data(&*line),
+            Ok(Told::Resync) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Event::default().event("resync").data(""),
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
         };
         Some((Ok::<_, std::convert::Infallible>(event), r))

@@ -18,6 +18,7 @@ pub mod demo;
 pub mod embedded;
 pub mod error;
 pub mod events;
+pub mod feed;
 pub mod files;
 pub mod holds;
 pub mod http;

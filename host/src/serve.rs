@@ -70,7 +70,6 @@ pub async fn run(args: Serve) -> Result<()> {
         let state = crate::http::Http::new(opened.clone());
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         let options = crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize);
-        tasks.handles.push(tokio::spawn(crate::http::hear_events(state.clone())));
         tasks.handles.push(tokio::spawn(crate::http::serve(listener, state, options)));
     }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await;
@@ -199,7 +198,7 @@ async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> 
             tracing::warn!(bucket, "mirror not in sync yet: {e}");
         }
     }
-    Ok(Shared { client, service, nats, backend, seat, current, limits })
+    Ok(Shared { client, service, nats, backend, seat, current, limits, feed: Default::default() })
 }
 
 /// The tasks that run while the process does, and how to stop them.

@@ -15,7 +15,7 @@ use crate::seat::Seat;
 
 #[derive(Clone)]
 pub struct Shared {
-    /// The buckets' connection: mirrors, writes, the seat, discovery, notices and events.
+    /// The buckets' connection: mirrors, writes, discovery, notices and events.
     pub client: async_nats::Client,
     /// The connection that only serves the verbs (a user whose grant is nothing but replies).
     pub service: async_nats::Client,
@@ -26,4 +26,6 @@ pub struct Shared {
     pub seat: Arc<Seat>,
     pub current: Arc<Current>,
     pub limits: Limits,
+    /// The state changes this instance tells, for the status page.
+    pub feed: Arc<crate::feed::Feed>,
 }

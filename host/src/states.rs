@@ -194,6 +194,7 @@ impl Recorder {
             };
             match self.shared.client.publish(subject, body.clone().into()).await {
                 Ok(()) => {
+                    self.shared.feed.tell(body);
                     published += 1;
                     m.state_events.get_or_create(&crate::metrics::State { state: label(&t.state) }).inc();
                 }

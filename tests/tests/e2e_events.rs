@@ -228,3 +228,48 @@ async fn since_survives_a_takeover_and_the_new_holder_tells_nothing_twice() {
     drop(one);
     drop(two);
 }
+
+#[tokio::test]
+async fn a_flood_on_the_event_subjects_reaches_no_page_and_cuts_no_connection() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
+    let url = host.http_url().await;
+    let addr = url.trim_start_matches("http://").to_string();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut page = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    page.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").as_bytes()).await.unwrap();
+    // A page that never reads, all along.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    idle.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").as_bytes()).await.unwrap();
+    let holder = bus.seat_holder().await.expect("a holder");
+
+    // Only the mesh's own account may publish there; its operator floods the event subjects
+    // with big forged events (no node can: its account imports none of them to publish).
+    let operator = bus.client(tests::nats::OPERATOR).await;
+    let forged = json!({"node":"alpha","module":"forged","state":"applied","was":"blocked","reason":"x".repeat(900 * 1024),"since":"2026-12-03T00:00:00Z"}).to_string();
+    for _ in 0..100 {
+        operator.publish("mesh-provisioner.event.alpha", forged.clone().into()).await.unwrap();
+    }
+    operator.flush().await.unwrap();
+
+    // Then a real change: the page is told it, and nothing of the flood.
+    let asker = bus.client("node-alpha").await;
+    bus.put("node-alpha", NEEDS, "alpha.app.bound.postgres=2Edb", b"{}").await;
+    until(&asker, "alpha", "app", "blocked, recorded", |s| s["state"] == "blocked" && s["since"].is_string()).await;
+    let (mut seen, mut buf) = (String::new(), [0u8; 4096]);
+    let start = Instant::now();
+    while !(seen.contains("event: state") && seen.contains(r#""module":"app""#)) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the page never heard alpha/app: {seen}");
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), page.read(&mut buf)).await {
+            assert!(n > 0, "the page's stream ended: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+    assert!(!seen.contains("forged"), "a page relayed a forged event");
+    assert_eq!(bus.seat_holder().await.as_deref(), Some(holder.as_str()));
+    let (_, _, metrics) = tests::browser::get(&format!("{url}/metrics")).await;
+    let lost: Vec<&str> = metrics.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).collect();
+    assert!(lost.is_empty(), "a connection was lost: {lost:?}");
+    drop(idle);
+}
