@@ -316,6 +316,10 @@ pub struct Serve {
     /// Off unless given.
     #[arg(long, env = "MESH_PROVISIONER_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
+    /// Also serve /healthz, /readyz and /metrics alone at this address, on connections no
+    /// other client can take (for an orchestrator's probes and the scraper).
+    #[arg(long, env = "MESH_PROVISIONER_HTTP_PROBES", value_name = "ADDR")]
+    pub http_probes: Option<String>,
     /// A `Host` the HTTP side answers (repeat for each; a name, or a name:port). Others get
     /// `421`, so a web page cannot read the status through DNS rebinding. Default: the bound
     /// address, `localhost`, `127.0.0.1` and `[::1]`.

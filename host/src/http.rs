@@ -11,6 +11,12 @@
 //! `--http-header-timeout` is closed, a request that takes longer than `--http-request-timeout`
 //! is answered `503`, and past `--http-max-connections` a new connection is closed at once.
 //!
+//! Probes always answer: past the cap, [`PROBE_RESERVE`] more connections are taken that serve
+//! only `/healthz`, `/readyz` and `/metrics` (anything else `503`), and `--http-probes <addr>`
+//! gives them a listener no other client reaches. Event streams hold at most half the
+//! connections, [`EVENT_STREAMS_PER_PEER`] from one address, each for at most
+//! [`EVENT_STREAM_LIFETIME`] (the page's `EventSource` follows again by itself).
+//!
 //! It only reads: readiness from the connection, the mirrors and the seat; the mesh's status by
 //! asking the guest the `status` question a node would ask the verb (every page), so the page
 //! shows exactly what the verb says — keys, places, states and revisions, never a value from a
@@ -46,6 +52,12 @@ const PAGE_BUDGET: u32 = 1 << 20;
 const FIRST_READ: Duration = Duration::from_secs(10);
 /// The longest a connection is kept, however it is used.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+/// Connections past the cap that serve only the probes and the metrics.
+pub const PROBE_RESERVE: usize = 16;
+/// Event streams open at once from one address.
+pub const EVENT_STREAMS_PER_PEER: usize = 8;
+/// The longest one event stream is followed.
+pub const EVENT_STREAM_LIFETIME: Duration = Duration::from_secs(120);
 
 /// How the HTTP side guards itself.
 #[derive(Debug, Clone)]
@@ -120,34 +132,101 @@ impl Http {
     }
 }
 
+/// The event streams open: in all and from each address.
+struct EventStreams {
+    most: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One event stream counted while it is followed.
+struct StreamSlot {
+    streams: Arc<EventStreams>,
+    peer: std::net::IpAddr,
+}
+
+impl EventStreams {
+    fn new(max_connections: usize) -> Arc<EventStreams> {
+        Arc::new(EventStreams { most: (max_connections / 2).max(1), open: Default::default() })
+    }
+
+    /// A slot for one more stream from `peer`, or why not.
+    fn take(self: &Arc<Self>, peer: std::net::IpAddr) -> std::result::Result<StreamSlot, String> {
+        let mut open = self.open.locked();
+        let total: usize = open.values().sum();
+        if total >= self.most {
+            return Err(format!("{total} event streams are open, the most this server follows (half of --http-max-connections)"));
+        }
+        let mine = open.entry(peer).or_default();
+        if *mine >= EVENT_STREAMS_PER_PEER {
+            return Err(format!("{EVENT_STREAMS_PER_PEER} event streams are open from this address, the most one address may follow"));
+        }
+        *mine += 1;
+        Ok(StreamSlot { streams: self.clone(), peer })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.open.locked();
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// `/api/events`: each state change this instance tells as a server-sent event (`state`), and
-/// `resync` when this page fell behind and should read `/api/status` again (`feed`).
-async fn events(State(h): State<Arc<Http>>) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+/// `resync` when this page fell behind and should read `/api/status` again (`feed`). Ends
+/// after [`EVENT_STREAM_LIFETIME`]; refused (`503`) past the streams' caps.
+async fn events(
+    State(h): State<Arc<Http>>,
+    axum::Extension(streams): axum::Extension<Arc<EventStreams>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+) -> Response {
     use crate::feed::Told;
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let slot = match streams.take(peer.ip()) {
+        Ok(slot) => slot,
+        Err(why) => return (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "10")], format!("{why}\n")).into_response(),
+    };
+    let until = tokio::time::Instant::now() + EVENT_STREAM_LIFETIME;
     let receiver = h.shared.feed.follow();
-    let stream = futures::stream::unfold(receiver, |mut r| async move {
-        let event = match r.recv().await {
-            Ok(Told::State(line)) => Event::default().event("state").data(&*line),
-            Ok(Told::Resync) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Event::default().event("resync").data(""),
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+    let stream = futures::stream::unfold((receiver, slot), move |(mut r, slot)| async move {
+        let event = match tokio::time::timeout_at(until, r.recv()).await {
+            Ok(Ok(Told::State(line))) => Event::default().event("state").data(&*line),
+            Ok(Ok(Told::Resync) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => Event::default().event("resync").data(""),
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) | Err(_) => return None,
         };
-        Some((Ok::<_, std::convert::Infallible>(event), r))
+        Some((Ok::<_, std::convert::Infallible>(event), (r, slot)))
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// Binds `addr` (an error names it when it cannot), so a bad address stops the start, not a
 /// task later.
-pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener> {
+pub async fn bind(addr: &str, serves: &str) -> Result<tokio::net::TcpListener> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::new(ErrorKind::Config, format!("--http {addr}: {e}")))?;
     let bound: SocketAddr = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http {addr}: {e}")))?;
-    tracing::info!(url = %format!("http://{bound}/"), "HTTP: status page, /healthz, /readyz, /metrics");
+    tracing::info!(url = %format!("http://{bound}/"), "HTTP: {serves}");
     Ok(listener)
 }
 
-/// Serves until the task is aborted: each connection accepted within the cap, served by hyper
-/// with a header-read timeout, every request checked for its `Host` and bounded in time.
+/// The routes a connection in the probes' reserve (or on their own listener) is answered.
+fn probe_routes(http: Arc<Http>, options: &Arc<Options>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "5")], "every connection is taken: this one answers only /healthz, /readyz and /metrics\n") })
+        .with_state(http)
+        .layer(axum::middleware::from_fn_with_state(options.clone(), guard))
+}
+
+/// Serves until the task is aborted: each connection accepted within the cap (past it, within
+/// the probes' reserve, for the probes only), served by hyper with a header-read timeout, every
+/// request checked for its `Host` and bounded in time.
 pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: Options) {
     crate::metrics::metrics().record();
     let options = Arc::new(options);
@@ -158,11 +237,30 @@ pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: 
         .route("/metrics", get(metrics))
         .route("/api/status", get(status))
         .route("/api/events", get(events))
-        .with_state(http)
+        .with_state(http.clone())
+        .layer(axum::Extension(EventStreams::new(options.max_connections)))
         .layer(axum::middleware::from_fn_with_state(options.clone(), guard));
+    let probes = probe_routes(http, &options);
     let connections = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
+    let reserve = Arc::new(tokio::sync::Semaphore::new(PROBE_RESERVE));
+    accept(listener, &options, |_| connections.clone().try_acquire_owned().ok().map(|p| (p, app.clone())).or_else(|| reserve.clone().try_acquire_owned().ok().map(|p| (p, probes.clone())))).await
+}
+
+/// Serves only `/healthz`, `/readyz` and `/metrics` on a listener of their own
+/// (`--http-probes`), [`PROBE_RESERVE`] connections at once.
+pub async fn serve_probes(listener: tokio::net::TcpListener, http: Arc<Http>, options: Options) {
+    crate::metrics::metrics().record();
+    let options = Arc::new(options);
+    let probes = probe_routes(http, &options);
+    let connections = Arc::new(tokio::sync::Semaphore::new(PROBE_RESERVE));
+    accept(listener, &options, |_| connections.clone().try_acquire_owned().ok().map(|p| (p, probes.clone()))).await
+}
+
+/// The accept loop: `admit` gives each connection its permit and its routes, or refuses it
+/// (closed at once, costing nothing held).
+async fn accept(listener: tokio::net::TcpListener, options: &Options, admit: impl Fn(SocketAddr) -> Option<(tokio::sync::OwnedSemaphorePermit, Router)>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, say: wait rather than spin.
@@ -171,12 +269,12 @@ pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: 
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            // Past the cap: closed at once, costing nothing held.
+        let Some((permit, routes)) = admit(peer) else {
             drop(stream);
             continue;
         };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let routes = routes.layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let service = hyper_util::service::TowerToHyperService::new(routes);
         let header_timeout = options.header_timeout;
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()

@@ -48,9 +48,13 @@ pub async fn run(args: Serve) -> Result<()> {
 
     // Bound before anything else runs, so a bad address stops the start with its reason.
     let http = match (&args.http, args.demo) {
-        (Some(addr), _) => Some(crate::http::bind(addr).await?),
-        (None, true) => Some(crate::http::bind("127.0.0.1:0").await?),
+        (Some(addr), _) => Some(crate::http::bind(addr, PAGE).await?),
+        (None, true) => Some(crate::http::bind("127.0.0.1:0", PAGE).await?),
         (None, false) => None,
+    };
+    let probes = match &args.http_probes {
+        Some(addr) => Some(crate::http::bind(addr, "probes alone, /healthz, /readyz, /metrics").await?),
+        None => None,
     };
     let (bus, embedded, reconnections) = connect(&args).await?;
     if let Some(server) = &embedded {
@@ -66,16 +70,26 @@ pub async fn run(args: Serve) -> Result<()> {
     }
     let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust);
-    if let Some(listener) = http {
-        let state = crate::http::Http::new(opened.clone());
+    let state = crate::http::Http::new(opened.clone());
+    let options_for = |listener: &tokio::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
-        let options = crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize);
-        tasks.handles.push(tokio::spawn(crate::http::serve(listener, state, options)));
+        Ok::<_, Error>(crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize))
+    };
+    if let Some(listener) = http {
+        let options = options_for(&listener)?;
+        tasks.handles.push(tokio::spawn(crate::http::serve(listener, state.clone(), options)));
+    }
+    if let Some(listener) = probes {
+        let options = options_for(&listener)?;
+        tasks.handles.push(tokio::spawn(crate::http::serve_probes(listener, state, options)));
     }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await;
     shut_down(tasks, &opened, embedded).await;
     served
 }
+
+/// What `--http` serves, as its log line says.
+const PAGE: &str = "status page, /healthz, /readyz, /metrics";
 
 /// The three connections to the bus: one for the buckets (mirrors, writes, discovery), one for
 /// the seat alone, and one that only serves the verbs, as its own user when one is given (`--service-*`; the

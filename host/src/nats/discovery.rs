@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// Longest ping answer read (nats-server's `$SRV.PING` answers are a few hundred bytes).
+const MAX_ANSWER: usize = 4096;
+/// Most instances counted: enough to say a service answers, bounded whoever answers.
+const MAX_INSTANCES: usize = 1024;
+
 impl NatsBackend {
     /// Discovery pings sent so far (cache misses).
     pub fn pings(&self) -> u64 {
@@ -32,9 +37,13 @@ impl NatsBackend {
             if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
                 break;
             }
-            // Each instance names itself; an answer without an id still counts once.
-            let id = serde_json::from_slice::<serde_json::Value>(&m.payload).ok().and_then(|v| v["id"].as_str().map(str::to_string));
+            // Each instance names itself; an answer without an id (or too long to be a ping's
+            // answer: another account's service answers this) still counts once.
+            let id = (m.payload.len() <= MAX_ANSWER).then(|| serde_json::from_slice::<serde_json::Value>(&m.payload).ok()).flatten().and_then(|v| v["id"].as_str().map(str::to_string));
             ids.insert(id.unwrap_or_else(|| format!("anonymous-{}", ids.len())));
+            if ids.len() >= MAX_INSTANCES {
+                break;
+            }
             until = (tokio::time::Instant::now() + DISCOVERY_SETTLE).min(started + DISCOVERY_WAIT);
         }
         let _ = replies.unsubscribe().await;
