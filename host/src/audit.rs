@@ -64,7 +64,7 @@ impl Counts {
         c.0 += 1;
         c.1 += repaired as u64;
         let m = crate::metrics::metrics();
-        let label = crate::metrics::Bucket { bucket: bucket.to_string() };
+        let label = crate::metrics::Bucket { bucket: bucket.into() };
         m.mirror_audits.get_or_create(&label).inc();
         if repaired {
             m.mirror_repairs.get_or_create(&label).inc();

@@ -270,8 +270,8 @@ pub async fn run(args: crate::cli::Bootstrap) -> Result<()> {
             Outcome::Made => println!("{bucket:<32} made"),
             Outcome::Safe => println!("{bucket:<32} safe"),
             Outcome::Fixed(what) => println!("{bucket:<32} made safe: {}", what.join(", ")),
-            Outcome::Refused(why) => println!("{bucket:<32} REFUSED: {why}"),
-            Outcome::Failed(why) => println!("{bucket:<32} FAILED: {why}"),
+            Outcome::Refused(why) => println!("{bucket:<32} REFUSED: {}", crate::visible::visible(why)),
+            Outcome::Failed(why) => println!("{bucket:<32} FAILED: {}", crate::visible::visible(why)),
         }
     }
     report.result()

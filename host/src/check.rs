@@ -10,7 +10,7 @@ use crate::runtime::{Limits, Runtime};
 pub async fn registry(component: &Path) -> Result<()> {
     let loaded = crate::reload::load(&Runtime::new()?, component, None, None, Limits::default()).await?;
     for (kind, value) in loaded.guest.compile_registry(MemoryBackend::new(), Limits::default()).await? {
-        println!("{kind:<14} {}", String::from_utf8_lossy(&value));
+        println!("{:<14} {}", crate::visible::visible(&kind), crate::visible::visible(&String::from_utf8_lossy(&value)));
     }
     Ok(())
 }

@@ -338,7 +338,7 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     let m = crate::metrics::metrics();
     m.seat_holder.set(i64::from(h.shared.seat.is_held()));
     for (bucket, mirror) in h.shared.backend.mirrors() {
-        let label = crate::metrics::Bucket { bucket };
+        let label = crate::metrics::Bucket { bucket: bucket.into() };
         m.mirror_keys.get_or_create(&label).set(mirror.len() as i64);
         m.mirror_bytes.get_or_create(&label).set(mirror.bytes() as i64);
         m.mirror_lag.get_or_create(&label).set(mirror.lag() as i64);
@@ -352,14 +352,14 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     let quota = h.shared.backend.quota();
     for (bucket, mirror) in h.shared.backend.mirrors() {
         for w in mirror.writers_over(quota) {
-            let label = crate::metrics::BucketWriter { bucket: bucket.clone(), writer: w.writer };
+            let label = crate::metrics::BucketWriter { bucket: bucket.as_str().into(), writer: w.writer.into() };
             m.writer_keys.get_or_create(&label).set(w.keys as i64);
             m.writer_bytes.get_or_create(&label).set(w.bytes as i64);
         }
     }
     m.stream_captures.clear();
     for (stream, subject) in h.shared.backend.captured() {
-        m.stream_captures.get_or_create(&crate::metrics::Stream { stream, subject }).set(1);
+        m.stream_captures.get_or_create(&crate::metrics::Stream { stream: stream.into(), subject: subject.into() }).set(1);
     }
     m.mirrors_bytes.set(crate::mirror::total_bytes() as i64);
     let budget = h.shared.current.get().guest.budget().clone();

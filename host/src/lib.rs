@@ -43,6 +43,7 @@ pub mod states;
 pub mod sync;
 pub mod trust;
 pub mod verify;
+pub mod visible;
 
 /// The WIT package this host speaks.
 pub const WIT_VERSION: &str = "mesh:provisioner@0.8.0";

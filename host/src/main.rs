@@ -27,7 +27,7 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(outcome) => std::process::ExitCode::from(outcome.exit_code()),
         Err(e) => {
-            eprintln!("mesh-provisioner: {e}");
+            eprintln!("mesh-provisioner: {}", mesh_provisioner::visible::visible(&e.to_string()));
             std::process::ExitCode::from(match e.kind() {
                 mesh_provisioner::error::ErrorKind::Invalid => 2,
                 _ => 1,

@@ -37,16 +37,44 @@ pub struct Export {
     pub export: String,
 }
 
+/// A label value that may hold what another party wrote (a bucket's or a stream's name, a
+/// key's first token): written as the text format requires (`\\`, `\"` and `\n` escaped;
+/// prometheus-client writes a value as it is, so one `"` made the whole page unreadable) and
+/// [`visible`](crate::visible::visible) for whoever reads the page.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Label(pub String);
+
+impl<T: Into<String>> From<T> for Label {
+    fn from(s: T) -> Label {
+        Label(s.into())
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for Label {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        for c in crate::visible::visible(&self.0).chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Bucket {
-    pub bucket: String,
+    pub bucket: Label,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BucketWriter {
-    pub bucket: String,
+    pub bucket: Label,
     /// A key's first token: a node, in the node clients' buckets.
-    pub writer: String,
+    pub writer: Label,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,8 +85,8 @@ pub struct Connection {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Stream {
-    pub stream: String,
-    pub subject: String,
+    pub stream: Label,
+    pub subject: Label,
 }
 
 /// What a kept reply read that changed since (a bucket's mirror, `kept plans`, `discovery`,

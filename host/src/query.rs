@@ -102,8 +102,13 @@ fn show(q: &Query, verb: &str, reply: &Value, colour: bool) -> String {
         _ => reply,
     };
     if q.json {
-        format!("{reply}\n")
-    } else if verb == PLAN {
+        return format!("{reply}\n");
+    }
+    // Tables are for a terminal: whatever a node wrote is shown escaped.
+    let mut shown = reply.clone();
+    crate::visible::visible_json(&mut shown);
+    let reply = &shown;
+    if verb == PLAN {
         plan_table(reply)
     } else if q.what == What::Status {
         status_table(reply, q.needs, colour)
@@ -137,7 +142,7 @@ pub async fn run(q: Query) -> Result<crate::cli::Outcome> {
             Some(next) if q.all => body["after"] = next.clone(),
             Some(next) => {
                 if !q.json {
-                    println!("more: --after {}", next.as_str().unwrap_or_default());
+                    println!("more: --after {}", crate::visible::visible(next.as_str().unwrap_or_default()));
                 }
                 return Ok(crate::cli::Outcome::Done);
             }
@@ -160,7 +165,7 @@ async fn holders(client: &async_nats::Client, q: &Query, mut body: Value) -> Res
             None => break,
         }
     }
-    let value = format!("{}:{}", q.kind.as_deref().unwrap_or(""), q.name.as_deref().unwrap_or(""));
+    let value = crate::visible::visible(&format!("{}:{}", q.kind.as_deref().unwrap_or(""), q.name.as_deref().unwrap_or(""))).into_owned();
     if all_current {
         if !q.json {
             println!("all {count} holder(s) of {value} run the value at their place");

@@ -256,12 +256,13 @@ pub async fn run(v: crate::cli::Verify) -> Result<crate::cli::Outcome> {
     } else {
         for r in &reports {
             let verdict = if r.differences.is_empty() { "the same".to_string() } else { format!("{} differences", r.differences.len()) };
-            println!("{}: {} keys on the bus, {} answered: {verdict}", r.bucket, r.on_bus, r.answered);
+            use crate::visible::visible;
+            println!("{}: {} keys on the bus, {} answered: {verdict}", visible(&r.bucket), r.on_bus, r.answered);
             for d in &r.differences {
-                println!("  {d}");
+                println!("  {}", visible(&d.to_string()));
             }
             for w in &r.warnings {
-                println!("  warning: {w} (`mesh-provisioner bootstrap` makes it safe)");
+                println!("  warning: {} (`mesh-provisioner bootstrap` makes it safe)", visible(&w.to_string()));
             }
         }
     }

@@ -180,3 +180,66 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Whether `s` holds a character a terminal or a reader would act on rather than show.
+fn raw_controls(s: &str) -> Vec<char> {
+    s.chars().filter(|&c| (c.is_control() && c != '\n') || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c)).collect()
+}
+
+#[tokio::test]
+async fn whatever_a_node_wrote_is_shown_escaped_on_every_output() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
+    let url = host.http_url().await;
+    let alpha = bus.client("node-alpha").await;
+    // A need whose name holds ESC, BEL and a bidi override (escaped in its key, SPEC §2), and
+    // a refused composition whose reason holds every control a terminal acts on.
+    bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.x=1B=5B2J=07=E2=80=AE", br#"{"placeholder":"${config:x}"}"#).await;
+    bus.put("node-alpha", "mesh-provisioner_applied", "alpha.app", br#"{"build":"b1","needs":1}"#).await;
+    bus.put("node-alpha", "composed-alpha", "app.b1", "{\"state\":\"refused\",\"reason\":\"bad\\u001b[2J\\u0007\\nFORGED line\\u0000 \\u202eevil\\\"\"}".as_bytes()).await;
+    let s = tests::nats::status_until(&alpha, "alpha", "app", "the need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 1) && s["reason"].as_str().is_some_and(|r| r.contains('\u{1b}'))).await;
+    assert!(s["needs"][0]["name"].as_str().is_some_and(|n| n.contains('\u{1b}')), "the verb answers the name as it is: {s}");
+
+    // The metrics: the Prometheus project's own parser reads the page (a hostile label value
+    // is e2e_dashboards').
+    let (_, _, metrics) = tests::browser::get(&format!("{url}/metrics")).await;
+    assert!(metrics.contains("mesh_provisioner_mirror_keys{bucket=\"mesh-provisioner_needs\"}"), "{metrics}");
+    assert_eq!(raw_controls(&metrics), Vec::<char>::new());
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("metrics.txt"), &metrics).expect("written");
+    let checked = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(dir.path().join("metrics.txt")).expect("open")).output().expect("promtool runs (scripts/setup installs it)");
+    // `check metrics` also lints names; what matters is that the page parses.
+    assert!(!String::from_utf8_lossy(&checked.stderr).contains("parsing error"), "{}", String::from_utf8_lossy(&checked.stderr));
+
+    // Every table of `query`, and `verify`: escaped, one line a row.
+    let pw = bus.password("node-alpha");
+    let conn = ["--nats-url", bus.url(), "--user", "node-alpha", "--password", pw.as_str()];
+    for what in [&["query", "needs"][..], &["query", "applied"], &["query", "status", "--needs"], &["query", "plan", "--node", "alpha", "--module", "app"], &["query", "registry"], &["query", "collect"], &["query", "holders", "--kind", "config", "--name", "x\u{1b}[2J\u{7}\u{202e}"], &["verify"]] {
+        let out = run(&[what, &conn[..]].concat());
+        let t = text(&out);
+        assert_eq!(raw_controls(&t), Vec::<char>::new(), "{what:?} printed raw controls:\n{t}");
+        assert!(!t.lines().any(|l| l.starts_with("FORGED")), "{what:?} let a reason forge a line:\n{t}");
+        match what.get(1).copied().unwrap_or_default() {
+            "needs" => assert!(t.contains("x\\u{1b}[2J\\u{7}\\u{202e}"), "{t}"),
+            "status" => assert!(t.contains("config:x\\u{1b}[2J\\u{7}\\u{202e}"), "{what:?}:\n{t}"),
+            "plan" => assert!(t.contains("bad\\u{1b}[2J\\u{7}\\u{a}FORGED line\\u{0} \\u{202e}evil"), "{what:?}:\n{t}"),
+            _ => {}
+        }
+    }
+    // JSON stays JSON: the value as it is, escaped by JSON alone.
+    let out = run(&[&["query", "plan", "--node", "alpha", "--module", "app", "--json"][..], &conn].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints the reply");
+    assert!(v.to_string().contains("bad\\u001b[2J\\u0007\\nFORGED"), "{v}");
+
+    // The page: the module's details show its reason (the need's name) escaped.
+    let mut b = tests::browser::Browser::open(&format!("{url}/"), 1200, 800).await;
+    b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
+    b.click("td.cell[data-node='alpha'][data-module='app']").await;
+    b.until("!document.getElementById('details').hidden", Duration::from_secs(5)).await;
+    let shown = b.eval("document.body.innerText").await;
+    let shown = shown.as_str().unwrap_or_default();
+    assert!(shown.contains("config:x\\u{1b}[2J\\u{7}\\u{202e}"), "{shown}");
+    assert_eq!(raw_controls(shown).into_iter().filter(|c| *c != '\t').collect::<Vec<_>>(), Vec::<char>::new());
+    host.stop().await;
+}

@@ -170,3 +170,28 @@ async fn every_metric_a_panel_or_rule_names_is_in_a_real_scrape() {
     }
     host.stop().await;
 }
+
+#[test]
+fn a_label_a_party_wrote_keeps_the_metrics_page_readable_by_prometheus() {
+    use mesh_provisioner::metrics::{BucketWriter, Label};
+    use prometheus_client::metrics::{family::Family, gauge::Gauge};
+    // Every character a label value could be given that the text format or a reader minds:
+    // quotes, backslashes, a newline, ESC and BEL, NUL, a bidi override.
+    let hostile = ["q\"x", "back\\slash\\", "two\nlines", "\u{1b}]0;title\u{7}\u{1b}[2J", "nul\u{0}", "user\u{202e}gpj.exe"];
+    let family = Family::<BucketWriter, Gauge>::default();
+    for (i, writer) in hostile.iter().enumerate() {
+        family.get_or_create(&BucketWriter { bucket: Label::from("mesh-provisioner_needs"), writer: Label::from(*writer) }).set(i as i64 + 1);
+    }
+    let mut registry = prometheus_client::registry::Registry::with_prefix("mesh_provisioner");
+    registry.register("writer_over_quota_keys", "Keys held by a writer past its quota", family);
+    let mut page = String::new();
+    prometheus_client::encoding::text::encode(&mut page, &registry).expect("encoded");
+    assert!(!page.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{page:?}");
+    assert_eq!(page.lines().filter(|l| l.starts_with("mesh_provisioner_writer_over_quota_keys{")).count(), hostile.len(), "{page}");
+    assert!(page.contains(r#"writer="q\"x""#) && page.contains(r#"writer="back\\slash\\""#) && page.contains(r#"writer="two\\u{a}lines""#), "{page}");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("metrics.txt"), &page).expect("written");
+    let out = Command::new("sh").args(["-c", "promtool check metrics < metrics.txt"]).current_dir(dir.path()).output().expect("sh runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool refused the page:\n{said}\n{page}");
+}

@@ -244,14 +244,23 @@ async fn a_flood_on_the_event_subjects_reaches_no_page_and_cuts_no_connection() 
     idle.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").as_bytes()).await.unwrap();
     let holder = bus.seat_holder().await.expect("a holder");
 
-    // Only the mesh's own account may publish there; its operator floods the event subjects
-    // with big forged events (no node can: its account imports none of them to publish).
-    let operator = bus.client(tests::nats::OPERATOR).await;
+    // Only the provisioner's own user may publish there (no node can: its account imports
+    // none of the event subjects to publish); with its password, the event subjects are
+    // flooded with big forged events. The controller, who hears every event, hears them all.
+    let controller = bus.client("mesh-controller").await;
+    let mut heard = controller.subscribe("mesh-provisioner.event.alpha").await.unwrap();
+    controller.flush().await.unwrap();
+    let forger = bus.client("mesh-provisioner").await;
     let forged = json!({"node":"alpha","module":"forged","state":"applied","was":"blocked","reason":"x".repeat(900 * 1024),"since":"2026-12-03T00:00:00Z"}).to_string();
     for _ in 0..100 {
-        operator.publish("mesh-provisioner.event.alpha", forged.clone().into()).await.unwrap();
+        forger.publish("mesh-provisioner.event.alpha", forged.clone().into()).await.unwrap();
     }
-    operator.flush().await.unwrap();
+    forger.flush().await.unwrap();
+    let mut floods = 0;
+    while floods < 100 {
+        let m = tokio::time::timeout(Duration::from_secs(30), heard.next()).await.expect("the controller hears the flood").expect("a message");
+        floods += usize::from(m.payload.len() > 900 * 1024);
+    }
 
     // Then a real change: the page is told it, and nothing of the flood.
     let asker = bus.client("node-alpha").await;
