@@ -266,6 +266,14 @@ pub struct Serve {
     /// come. A sweep never takes more than about half of a core, however large the mesh.
     #[arg(long, env = "MESH_PROVISIONER_STATE_SWEEP_EVERY", default_value = "15s", value_parser = parse_duration)]
     pub state_sweep_every: Duration,
+    /// How long a kept plan outlives the last source that names its module (its needs,
+    /// applied record, compositions and assignment all gone) before it is removed.
+    #[arg(long, env = "MESH_PROVISIONER_KEPT_PLAN_GRACE", default_value = "24h", value_parser = parse_duration)]
+    pub kept_plan_grace: Duration,
+    /// Most plans kept for one node; past it a new module's plan is not kept (the plan verb
+    /// says why), so no node's churn of module names fills the disk.
+    #[arg(long, env = "MESH_PROVISIONER_KEPT_PLANS_PER_NODE", default_value_t = crate::kept::MAX_PER_NODE)]
+    pub kept_plans_per_node: usize,
     /// Wall time one guest call may take.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_DEADLINE", default_value = "2s", value_parser = parse_duration)]
     pub guest_deadline: Duration,

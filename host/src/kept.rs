@@ -25,6 +25,11 @@ pub const FORMAT: u32 = 1;
 pub const MAX_PLAN: usize = 1 << 20;
 /// Longest file name most file systems take (NAME_MAX).
 const MAX_FILE_NAME: usize = 255;
+/// Kept plans of one node, unless told otherwise: past it a new module's plan is not kept (and
+/// the plan verb says why), so one node's churn of module names cannot fill the disk.
+pub const MAX_PER_NODE: usize = 10_000;
+/// The suffix of a kept plan's file.
+const SUFFIX: &str = ".plan";
 
 /// Where kept plans live: files under a directory, or memory (tests, tools).
 pub struct KeptPlans {
@@ -37,17 +42,25 @@ pub struct KeptPlans {
     /// Moves on every save and every failed save (the reply cache's check that kept plans are
     /// as a reply read them).
     version: std::sync::atomic::AtomicU64,
+    /// Most plans kept for one node.
+    per_node: std::sync::atomic::AtomicUsize,
 }
 
 impl KeptPlans {
     /// Plans kept as files under `dir` (created on first save).
     pub fn files(dir: impl Into<PathBuf>) -> Self {
-        KeptPlans { dir: Some(dir.into()), memory: Mutex::default(), failures: Mutex::default(), version: Default::default() }
+        KeptPlans { dir: Some(dir.into()), memory: Mutex::default(), failures: Mutex::default(), version: Default::default(), per_node: MAX_PER_NODE.into() }
+    }
+
+    /// At most `n` plans kept for one node (at least one).
+    pub fn with_per_node(self, n: usize) -> Self {
+        self.per_node.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+        self
     }
 
     /// Plans kept in memory only, gone with the process.
     pub fn memory() -> Self {
-        KeptPlans { dir: None, memory: Mutex::default(), failures: Mutex::default(), version: Default::default() }
+        KeptPlans { dir: None, memory: Mutex::default(), failures: Mutex::default(), version: Default::default(), per_node: MAX_PER_NODE.into() }
     }
 
     /// Moves on every save (and failed save): whenever what `last_failure` answers, or what
@@ -64,7 +77,7 @@ impl KeptPlans {
     pub fn path(&self, node: &str, module: &str) -> Result<Option<PathBuf>> {
         check_name("node", node, "")?;
         check_name("module", module, ".plan.tmp")?;
-        Ok(self.dir.as_ref().map(|d| d.join(node).join(format!("{module}.plan"))))
+        Ok(self.dir.as_ref().map(|d| d.join(node).join(format!("{module}{SUFFIX}"))))
     }
 
     pub fn load(&self, node: &str, module: &str) -> Result<Option<Vec<u8>>> {
@@ -103,8 +116,8 @@ impl KeptPlans {
         let Some(path) = self.checked_path(node, module, plan)? else {
             return self.save(node, module, plan);
         };
-        let (at, bytes) = (path.clone(), encode(plan));
-        let written = tokio::task::spawn_blocking(move || write_atomically(&at, &bytes))
+        let (at, bytes, most) = (path.clone(), encode(plan), self.per_node.load(std::sync::atomic::Ordering::Relaxed));
+        let written = tokio::task::spawn_blocking(move || room_for(&at, most).and_then(|()| write_atomically(&at, &bytes)))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         self.record(node, module, &path, written)
@@ -119,14 +132,57 @@ impl KeptPlans {
     }
 
     pub fn save(&self, node: &str, module: &str, plan: &[u8]) -> Result<()> {
+        let most = self.per_node.load(std::sync::atomic::Ordering::Relaxed);
         let Some(path) = self.checked_path(node, module, plan)? else {
             let mut m = self.memory.locked();
-            m.insert((node.to_string(), module.to_string()), plan.to_vec());
+            let key = (node.to_string(), module.to_string());
+            if !m.contains_key(&key) && m.keys().filter(|(n, _)| n == node).count() >= most {
+                return Err(Error::new(ErrorKind::Unavailable, format!("node {node} has {most} kept plans, the most kept for one node")));
+            }
+            m.insert(key, plan.to_vec());
             self.bump();
             return Ok(());
         };
-        let written = write_atomically(&path, &encode(plan));
+        let written = room_for(&path, most).and_then(|()| write_atomically(&path, &encode(plan)));
         self.record(node, module, &path, written)
+    }
+
+    /// Every (node, module) with a plan kept, in no order; a file that is not a kept plan's
+    /// is left out.
+    pub fn list(&self) -> Vec<(String, String)> {
+        let Some(dir) = &self.dir else {
+            return self.memory.locked().keys().cloned().collect();
+        };
+        let mut out = Vec::new();
+        for node in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let Ok(name) = node.file_name().into_string() else { continue };
+            for file in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
+                if let Some(module) = file.file_name().to_str().and_then(|f| f.strip_suffix(SUFFIX)) {
+                    out.push((name.clone(), module.to_string()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Forgets the plan kept of `module` on `node` (and its node's folder once empty).
+    pub fn remove(&self, node: &str, module: &str) -> Result<()> {
+        let Some(path) = self.path(node, module)? else {
+            self.memory.locked().remove(&(node.to_string(), module.to_string()));
+            self.bump();
+            return Ok(());
+        };
+        let removed = match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::new(ErrorKind::Unavailable, format!("removing {}: {e}", path.display()))),
+            _ => Ok(()),
+        };
+        if let Some(folder) = path.parent() {
+            // Fails while other plans are kept there: as it should.
+            let _ = std::fs::remove_dir(folder);
+        }
+        self.failures.locked().remove(&(node.to_string(), module.to_string()));
+        self.bump();
+        removed
     }
 
     /// Records how a save went: a failure is kept (for `last_failure`) until a save succeeds.
@@ -194,6 +250,19 @@ fn decode(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
     Ok(plan.to_vec())
 }
 
+/// Whether `path` may be written: it exists already, or its node's folder holds fewer than
+/// `most` plans.
+fn room_for(path: &Path, most: usize) -> std::io::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let held = path.parent().and_then(|d| std::fs::read_dir(d).ok()).map_or(0, |d| d.flatten().filter(|f| f.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX))).count());
+    if held >= most {
+        return Err(std::io::Error::other(format!("the node has {held} kept plans, the most kept for one node (--kept-plans-per-node)")));
+    }
+    Ok(())
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -214,6 +283,35 @@ mod tests {
         assert_eq!(kept.load("alpha", "app").unwrap().as_deref(), Some(&b"{\"plan\":1}"[..]));
         kept.save("alpha", "app", b"").unwrap();
         assert_eq!(kept.load("alpha", "app").unwrap().as_deref(), Some(&b""[..]));
+    }
+
+    #[test]
+    fn lists_and_removes_kept_plans_and_keeps_at_most_its_cap_a_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = KeptPlans::files(dir.path()).with_per_node(2);
+        kept.save("alpha", "a", b"1").unwrap();
+        kept.save("alpha", "b", b"2").unwrap();
+        let e = kept.save("alpha", "c", b"3").unwrap_err();
+        assert!(e.message().contains("the most kept for one node"), "{e}");
+        assert!(kept.last_failure("alpha", "c").is_some());
+        // A plan already kept is replaced; another node has a cap of its own.
+        kept.save("alpha", "a", b"1 again").unwrap();
+        kept.save("beta", "a", b"1").unwrap();
+        std::fs::write(dir.path().join("alpha").join("stray.txt"), b"x").unwrap();
+        let mut listed = kept.list();
+        listed.sort();
+        assert_eq!(listed, [("alpha".to_string(), "a".to_string()), ("alpha".into(), "b".into()), ("beta".into(), "a".into())]);
+        kept.remove("alpha", "b").unwrap();
+        kept.save("alpha", "c", b"3").unwrap();
+        kept.remove("beta", "a").unwrap();
+        assert!(!dir.path().join("beta").exists(), "an empty node folder goes with its last plan");
+        kept.remove("beta", "a").unwrap();
+        let memory = KeptPlans::memory().with_per_node(1);
+        memory.save("alpha", "a", b"1").unwrap();
+        assert!(memory.save("alpha", "b", b"2").is_err());
+        memory.remove("alpha", "a").unwrap();
+        memory.save("alpha", "b", b"2").unwrap();
+        assert_eq!(memory.list(), [("alpha".to_string(), "b".to_string())]);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod mirror;
 pub mod nats;
 pub mod notices;
 pub mod plans;
+pub mod prune;
 pub mod query;
 pub mod reconciler;
 pub mod reload;

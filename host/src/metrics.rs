@@ -156,6 +156,8 @@ pub struct Metrics {
     pub state_conflicts: Counter,
     pub state_sweeps: Counter,
     pub bus_disconnects: Family<Connection, Counter>,
+    pub state_dir_bytes: Gauge,
+    pub kept_plans: Gauge,
 }
 
 /// The process's metrics, made on first use.
@@ -206,6 +208,8 @@ impl Metrics {
             state_conflicts: Counter::default(),
             state_sweeps: Counter::default(),
             bus_disconnects: Family::default(),
+            state_dir_bytes: Gauge::default(),
+            kept_plans: Gauge::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -247,6 +251,8 @@ impl Metrics {
         registry.register("state_record_conflicts", "State records whose compare-and-set lost (found again, nothing published)", m.state_conflicts.clone());
         registry.register("state_sweeps", "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)", m.state_sweeps.clone());
         registry.register("bus_disconnects", "Times a connection to the bus was lost, by connection (buckets, seat, serving)", m.bus_disconnects.clone());
+        registry.register("state_dir_bytes", "Bytes of the files in the state directory (kept plans, snapshots, components), as of the last prune round", m.state_dir_bytes.clone());
+        registry.register("kept_plans", "Plans kept in the state directory, as of the last prune round", m.kept_plans.clone());
         Metrics { registry, ..m }
     }
 

@@ -186,7 +186,7 @@ fn on_connection_event(connection: &'static str, event: async_nats::Event) {
 /// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
 async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> Result<Shared> {
     let Bus { client, seat, service } = bus;
-    let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans"));
+    let kept = crate::kept::KeptPlans::files(args.connect.state_dir.join("plans")).with_per_node(args.kept_plans_per_node);
     let options = crate::nats::Options {
         replicas: args.buckets.replicas as usize,
         limits: args.buckets.limits(),
@@ -231,6 +231,7 @@ fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runt
     let (reconciler, reconciling) = Reconciler::start(o);
     handles.push(reconciling);
     handles.push(tokio::spawn(crate::plans::follow(o.clone())));
+    handles.push(tokio::spawn(crate::prune::Pruner::new(o.clone(), args.connect.state_dir.clone(), args.kept_plan_grace).run()));
     handles.push(tokio::spawn(
         crate::notices::Notifier { shared: o.clone() }.run(),
     ));

@@ -237,3 +237,65 @@ async fn a_plan_that_could_not_be_kept_is_kept_once_the_state_directory_allows_i
     wait_kept(&host, &[("alpha/app", "b1")]).await;
     host.stop().await;
 }
+
+/// The modules with a plan kept under `plans`, as `node/module`, sorted.
+fn kept_files(plans: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for node in std::fs::read_dir(plans).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
+            if let Some(m) = file.file_name().to_str().and_then(|f| f.strip_suffix(".plan")) {
+                out.push(format!("{}/{m}", node.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn kept_plans_of_modules_no_source_names_go_after_the_grace_and_the_directory_stays_steady() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--kept-plan-grace", "2s"]).await;
+    let url = host.http_url().await;
+    let plans = host.state.path().join("plans");
+    // A module that stays: its plan stays kept however long.
+    bus.put("mesh-controller", "mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#).await;
+    bus.put("node-alpha", "composed-alpha", "app.b1", tests::sample_composition().as_bytes()).await;
+    wait_kept(&host, &[("alpha/app", "b1")]).await;
+    let js = bus.js("node-alpha").await;
+    let (applied, composed) = (js.get_key_value("mesh-provisioner_applied").await.expect("applied"), js.get_key_value("composed-alpha").await.expect("composed-alpha"));
+    // A node's churn: three rounds of ten new module names, each applied and composed, then
+    // deleted. Each round's plans are kept, then go once no source names them.
+    for round in 0..3 {
+        let modules: Vec<String> = (0..10).map(|i| format!("churn{round}x{i}")).collect();
+        for m in &modules {
+            applied.put(format!("alpha.{m}"), r#"{"build":"b1","needs":0}"#.into()).await.expect("applied");
+            composed.put(format!("{m}.b1"), tests::sample_composition().into()).await.expect("composed");
+        }
+        let named: Vec<(String, &str)> = modules.iter().map(|m| (format!("alpha/{m}"), "b1")).collect();
+        wait_kept(&host, &named.iter().map(|(m, b)| (m.as_str(), *b)).collect::<Vec<_>>()).await;
+        for m in &modules {
+            applied.delete(format!("alpha.{m}")).await.expect("deleted");
+            composed.delete(format!("{m}.b1")).await.expect("deleted");
+        }
+        let start = Instant::now();
+        while kept_files(&plans) != ["alpha/app"] {
+            assert!(start.elapsed() < Duration::from_secs(30), "round {round}: kept {:?}\n{}", kept_files(&plans), host.log_text());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert!(host.log_text().contains("kept plan removed: no source names the module any more"), "{}", host.log_text());
+    // The directory's size and the plans kept are metrics.
+    let start = Instant::now();
+    loop {
+        let (_, _, m) = tests::browser::get(&format!("{url}/metrics")).await;
+        let value = |name: &str| m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()));
+        if value("mesh_provisioner_kept_plans ") == Some(1.0) && value("mesh_provisioner_state_dir_bytes ").is_some_and(|b| b > 0.0) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{m}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    host.stop().await;
+}
