@@ -239,6 +239,10 @@ fn safe_in_place(config: &mut async_nats::jetstream::stream::Config, spec: &Spec
         config.discard = async_nats::jetstream::stream::DiscardPolicy::New;
         changed.push("a write past a limit refused, never evicting older keys (discard new)".to_string());
     }
+    if config.max_messages > 0 {
+        config.max_messages = -1;
+        changed.push("no limit on the count of messages in all (each node's share limits its own)".to_string());
+    }
     changed
 }
 

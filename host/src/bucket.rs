@@ -234,6 +234,9 @@ pub fn shape(bucket: &str, config: &stream::Config) -> Shape {
     if config.discard == stream::DiscardPolicy::Old {
         unsafe_settings.push("discards its oldest messages when full: one writer's writes evict every other writer's oldest keys".to_string());
     }
+    if config.max_messages > 0 {
+        unsafe_settings.push(format!("keeps at most {} messages in all: one writer's keys use up every other writer's", config.max_messages));
+    }
     Shape::Bucket { unsafe_settings }
 }
 
@@ -403,11 +406,16 @@ mod tests {
     #[test]
     fn names_each_unsafe_setting() {
         let b = "postgres_bound";
-        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, discard: stream::DiscardPolicy::Old, ..made(b) };
+        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, discard: stream::DiscardPolicy::Old, max_messages: 1000, ..made(b) };
         let Shape::Bucket { unsafe_settings } = shape(b, &old) else { panic!("refused") };
-        assert_eq!(unsafe_settings.len(), 4, "{unsafe_settings:?}");
+        assert_eq!(unsafe_settings.len(), 5, "{unsafe_settings:?}");
         assert!(unsafe_settings[0].contains("roll-ups") && unsafe_settings[1].contains("byte limit") && unsafe_settings[2].contains("value-size"));
         assert!(unsafe_settings[3].contains("evict"), "{unsafe_settings:?}");
+        assert!(unsafe_settings[4].contains("at most 1000 messages"), "{unsafe_settings:?}");
+        // The edge: no count limit (-1, or 0 as a config may say it) is safe.
+        for none in [-1, 0] {
+            assert_eq!(shape(b, &stream::Config { max_messages: none, ..made(b) }), Shape::Bucket { unsafe_settings: vec![] });
+        }
     }
 
     #[test]

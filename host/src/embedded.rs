@@ -136,7 +136,7 @@ impl Server {
         let conf_path = dir.join("nats-server.conf");
         let conf = render(port, &dir.join("jetstream"), &passwords, cluster)?;
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
-        let log = std::fs::File::create(dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
+        let log = crate::files::create_private(&dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
         let mut command = Command::new("nats-server");
         command.arg("-c").arg(&conf_path).stdout(Stdio::null()).stderr(log).kill_on_drop(true);
         die_with_this_process(&mut command);

@@ -8,6 +8,12 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+/// A file for a child process to write as it runs (the embedded server's log): created anew
+/// or emptied, private (`0600`), never through a link.
+pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
+}
+
 /// Writes `bytes` to `path`, readable by this user alone, atomically.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_private_with(path, |f| f.write_all(bytes))

@@ -48,8 +48,10 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     state_dir_is_private(dir).map_err(|why| Error::new(ErrorKind::Config, why))
 }
 
-/// Why `dir` may not be trusted as the state directory, if it may not.
+/// Why `dir` may not be trusted as the state directory, if it may not: it, and each directory
+/// above it, as a component's ([`directories_are_safe`]).
 pub fn state_dir_is_private(dir: &Path) -> std::result::Result<(), String> {
+    directories_are_safe(dir, "state directory")?;
     owned_and_private(dir).map_err(|why| format!("state directory refused: {why} (chown it to this user and chmod 700 {})", dir.display()))?;
     let mode = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?.mode();
     if mode & 0o077 != 0 {
@@ -263,7 +265,7 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<(Vec<u8>, O
             m.mode() & 0o7777
         )));
     }
-    directories_are_safe(path).map_err(refuse)?;
+    directories_are_safe(path, "component").map_err(refuse)?;
     let mut bytes = Vec::with_capacity(m.len() as usize);
     file.read_to_end(&mut bytes).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
     let Some(trust) = key else { return Ok((bytes, None)) };
@@ -287,22 +289,22 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<(Vec<u8>, O
     Ok((bytes, Some(signed.version)))
 }
 
-/// Why a stranger could replace the file at `path` through one of its directories, if one
-/// could: each directory above it, up to the first root owns, must belong to root or this user
-/// and be writable by no one else (a sticky directory, as `/tmp`, lets no one else rename or
-/// remove what is not theirs).
-fn directories_are_safe(path: &Path) -> std::result::Result<(), String> {
+/// Why a stranger could replace `path` (the `what`: a component, the state directory) through
+/// one of the directories above it, if one could: each, up to the first root owns, must belong
+/// to root or this user and be writable by no one else (a sticky directory, as `/tmp`, lets no
+/// one else rename or remove what is not theirs).
+fn directories_are_safe(path: &Path, what: &str) -> std::result::Result<(), String> {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let real = std::fs::canonicalize(parent).map_err(|e| format!("the directory of component {}: {e}", path.display()))?;
+    let real = std::fs::canonicalize(parent).map_err(|e| format!("the directory of {what} {}: {e}", path.display()))?;
     for dir in real.ancestors() {
         let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         if m.uid() != 0 && m.uid() != me() {
-            return Err(format!("component {}: its directory {} belongs to uid {}, neither root nor this server's uid {}; refusing it", path.display(), dir.display(), m.uid(), me()));
+            return Err(format!("{what} {}: its directory {} belongs to uid {}, neither root nor this server's uid {}; refusing it", path.display(), dir.display(), m.uid(), me()));
         }
         let sticky = m.mode() & 0o1000 != 0;
         if m.mode() & 0o022 != 0 && !sticky {
             return Err(format!(
-                "component {}: its directory {} may be written by group or others (mode {:04o}), who could rename another file over it; refusing it (chmod go-w {})",
+                "{what} {}: its directory {} may be written by group or others (mode {:04o}), who could rename another file over it; refusing it (chmod go-w {})",
                 path.display(),
                 dir.display(),
                 m.mode() & 0o7777,
@@ -340,7 +342,7 @@ pub fn sign(secret: &Path, component: &Path, bytes: &[u8], version: &str) -> Res
     let signed = Signed { format: SIGNATURE_FORMAT.into(), version: version.into(), sha256: digest.clone(), signature: hex::encode(sig.to_bytes()) };
     let path = signature_path(component);
     let text = serde_json::to_vec_pretty(&signed).map_err(|e| config(e.to_string()))?;
-    std::fs::write(&path, text).map_err(|e| config(format!("{}: {e}", path.display())))?;
+    crate::files::write_private(&path, &text).map_err(|e| config(format!("{}: {e}", path.display())))?;
     Ok((path, digest))
 }
 
@@ -462,6 +464,19 @@ mod tests {
         std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
         let e = private_dir(&state).unwrap_err();
         assert!(e.message().contains("mode 0755") && e.message().contains("chmod 700"), "{}", e.message());
+    }
+
+    #[test]
+    fn refuses_a_state_directory_under_a_directory_others_may_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&open.join("state")).unwrap_err();
+        assert!(e.message().contains("state directory") && e.message().contains("may be written by group or others (mode 0777)"), "{}", e.message());
+        // A sticky one (as /tmp) lets no one else rename what is not theirs: accepted.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        private_dir(&open.join("state")).unwrap();
     }
 
     #[test]

@@ -470,14 +470,15 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     let js = bus.js(OPERATOR).await;
     // Made before: the config domain's bucket with roll-ups allowed and no value-size limit.
     js.create_key_value(jetstream::kv::Config { bucket: CONFIG.into(), max_bytes: 1 << 20, ..Default::default() }).await.expect("an old bucket");
-    // And the indexer's, full of a byte limit that evicts the oldest keys (discard old).
-    let evicting = stream::Config { discard: stream::DiscardPolicy::Old, ..tests::nats::spec("mesh-indexer_builds", 1).stream_config() };
+    // And the indexer's, full of a byte limit and a count of messages that evict the oldest
+    // keys (discard old).
+    let evicting = stream::Config { discard: stream::DiscardPolicy::Old, max_messages: 1000, ..tests::nats::spec("mesh-indexer_builds", 1).stream_config() };
     js.create_stream(evicting).await.expect("an evicting bucket");
     let (code, out) = bootstrap(&bus, &["--node", "alpha", "--node", "beta", "--provider", "postgres"]).await;
     assert_eq!(code, Some(0), "{out}");
     let builds = js.get_stream("KV_mesh-indexer_builds").await.expect("kept").cached_info().config.clone();
-    assert_eq!(builds.discard, stream::DiscardPolicy::New, "{builds:?}");
-    assert!(out.lines().any(|l| l.starts_with("mesh-indexer_builds") && l.contains("made safe") && l.contains("discard new")), "{out}");
+    assert_eq!((builds.discard, builds.max_messages), (stream::DiscardPolicy::New, -1), "{builds:?}");
+    assert!(out.lines().any(|l| l.starts_with("mesh-indexer_builds") && l.contains("made safe") && l.contains("discard new") && l.contains("no limit on the count of messages")), "{out}");
     for bucket in [REGISTRY, SEAT, NEEDS, APPLIED, "mesh-provisioner_collect", "mesh-controller_assignments", "composed-alpha", "composed-beta", BOUND] {
         assert!(out.lines().any(|l| l.starts_with(bucket) && l.trim_end().ends_with("made")), "{bucket} not made:\n{out}");
         let info = js.get_stream(format!("KV_{bucket}")).await.expect("made").cached_info().config.clone();
