@@ -23,6 +23,13 @@ pub fn composed(node: &str) -> String {
     format!("{COMPOSED_PREFIX}{node}")
 }
 
+/// A position past every module of `node` (and every key under it): a status page that starts
+/// there begins with the next node's first module. Positions are compared as strings, and no
+/// character sorts after U+10FFFF.
+pub fn past_node(node: &str) -> String {
+    format!("{node}.\u{10FFFF}")
+}
+
 /// The node whose compositions `bucket` holds, if it is a composition bucket.
 pub fn composed_node(bucket: &str) -> Option<&str> {
     bucket.strip_prefix(COMPOSED_PREFIX).filter(|n| crate::escape::is_identifier(n))

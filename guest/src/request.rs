@@ -54,7 +54,7 @@ impl What {
                 | (What::Needs, "node" | "module" | "kind")
                 | (What::Applied, "node" | "module")
                 | (What::Collect, "node" | "module" | "collection")
-                | (What::Status, "node" | "module")
+                | (What::Status, "node" | "module" | "after_node")
                 | (What::Holders, "node" | "kind" | "name")
         )
     }
@@ -73,6 +73,9 @@ pub struct Query {
     pub name: Option<String>,
     pub limit: u32,
     pub after: Option<String>,
+    /// `status` only: start after every module of this node (a reader that shows a few of a
+    /// node's modules skips the rest of them).
+    pub after_node: Option<String>,
 }
 
 /// A JSON object read field by field, refusing a field given twice (serde_json would keep the
@@ -171,9 +174,9 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             }
         },
     };
-    let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None };
+    let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None, after_node: None };
     for (field, v) in &fields {
-        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "name" | "limit" | "after") {
+        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "name" | "limit" | "after" | "after_node") {
             return Err(format!("unknown field {:?}", shorten(field)));
         }
         if !what.allows(field) {
@@ -199,8 +202,12 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             }
             "limit" => q.limit = limit(v)?,
             "after" => q.after = Some(after(v)?),
+            "after_node" => q.after_node = Some(identifier_field(field, v)?),
             _ => {}
         }
+    }
+    if q.after.is_some() && q.after_node.is_some() {
+        return Err("fields `after` and `after_node` are both given; a page starts after one of them".into());
     }
     if what == What::Holders {
         for (field, given) in [("kind", q.kind.is_some()), ("name", q.name.is_some())] {

@@ -81,13 +81,18 @@ fn provisioning_request() -> Value {
     let field = |f: &str| -> Value {
         match f {
             "node" | "module" | "kind" => identifier(),
+            "after_node" => {
+                let mut v = identifier();
+                v["description"] = json!("status: start after every module of this node (not with `after`)");
+                v
+            }
             "collection" | "name" => free_name(),
             "limit" => json!({ "type": "integer", "minimum": 1, "description": format!("page size; above {MAX_LIMIT} it is clamped to {MAX_LIMIT}, the default") }),
             "after" => json!({ "type": "string", "minLength": 1, "maxLength": MAX_AFTER, "description": "a `next` this server handed out" }),
             _ => json!(false),
         }
     };
-    let fields = ["node", "module", "kind", "collection", "name", "limit", "after"];
+    let fields = ["node", "module", "kind", "collection", "name", "limit", "after", "after_node"];
     let variants: Vec<Value> = What::ALL
         .iter()
         .map(|w| {
@@ -102,7 +107,11 @@ fn provisioning_request() -> Value {
                 What::Holders => vec!["what", "kind", "name"],
                 _ => vec!["what"],
             };
-            json!({ "type": "object", "properties": props, "required": required, "additionalProperties": false })
+            let mut variant = json!({ "type": "object", "properties": props, "required": required, "additionalProperties": false });
+            if w.allows("after_node") {
+                variant["not"] = json!({ "required": ["after", "after_node"] });
+            }
+            variant
         })
         .collect();
     let mut v = json!({

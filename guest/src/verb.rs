@@ -103,7 +103,10 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
             let (kind, name) = (q.kind.as_deref().unwrap_or_default(), q.name.as_deref().unwrap_or_default());
             return crate::holders::answer(env, kind, name, q.node.as_deref(), q.after.as_deref(), q.limit, budget);
         }
-        (_, None) => return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget),
+        (_, None) => {
+            let after = q.after.clone().or_else(|| q.after_node.as_deref().map(crate::keys::past_node));
+            return crate::status::answer(env, q.node.as_deref(), q.module.as_deref(), after.as_deref(), q.limit, budget);
+        }
     };
     let after = q.after.as_deref();
     let (mut got, mut pages) = (Vec::new(), Vec::new());

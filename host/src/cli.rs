@@ -328,6 +328,10 @@ pub struct Serve {
     /// other client can take (for an orchestrator's probes and the scraper).
     #[arg(long, env = "MESH_PROVISIONER_HTTP_PROBES", value_name = "ADDR")]
     pub http_probes: Option<String>,
+    /// Most modules of one node the status page (and the module metrics) shows; past it the
+    /// page names the node, and every other node is still shown.
+    #[arg(long, env = "MESH_PROVISIONER_STATUS_PAGE_PER_NODE", default_value_t = crate::http::PER_NODE)]
+    pub status_page_per_node: usize,
     /// A `Host` the HTTP side answers (repeat for each; a name, or a name:port). Others get
     /// `421`, so a web page cannot read the status through DNS rebinding. Default: the bound
     /// address, `localhost`, `127.0.0.1` and `[::1]`.

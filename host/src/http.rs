@@ -43,8 +43,15 @@ use crate::seat::Seat;
 
 /// How long one read of the mesh's status is reused.
 const SNAPSHOT_FOR: Duration = Duration::from_secs(2);
-/// Most status pages one read follows (1 000 modules a page).
-const MAX_PAGES: usize = 200;
+/// Most modules one status read shows.
+const MAX_MODULES: usize = 200_000;
+/// Most modules of one node a status read shows, unless told otherwise
+/// (`--status-page-per-node`): one node with more never pushes the others off the page or the
+/// metrics.
+pub const PER_NODE: usize = 10_000;
+/// Modules asked a guest call: small enough that the verbs served between two calls wait
+/// little (a call renders each module whole).
+const PAGE_MODULES: usize = 250;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
 
@@ -109,8 +116,15 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
+/// One status read: as the metrics read it, and as `/api/status` serves it (its JSON text,
+/// made once, off the runtime's thread).
+struct Read {
+    value: Arc<Value>,
+    text: bytes::Bytes,
+}
+
 /// The status last read and when, and why the last read failed (if it did).
-type Last = (Option<(Instant, Arc<Value>)>, Option<String>);
+type Last = (Option<(Instant, Arc<Read>)>, Option<String>);
 
 /// The status last read, and the one refresh running.
 #[derive(Default)]
@@ -124,11 +138,13 @@ struct Snapshot {
 pub struct Http {
     pub shared: crate::shared::Shared,
     snapshot: Snapshot,
+    /// Most modules of one node a status read shows.
+    per_node: usize,
 }
 
 impl Http {
-    pub fn new(shared: crate::shared::Shared) -> Arc<Http> {
-        Arc::new(Http { shared, snapshot: Snapshot::default() })
+    pub fn new(shared: crate::shared::Shared, per_node: usize) -> Arc<Http> {
+        Arc::new(Http { shared, snapshot: Snapshot::default(), per_node: per_node.max(1) })
     }
 }
 
@@ -367,7 +383,9 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     m.guest_memory_budget.set(budget.total() as i64);
     // Module states come from the shared status read (at most one guest read per
     // SNAPSHOT_FOR, however often Prometheus scrapes).
-    if let Ok(s) = snapshot(&h).await {
+    if let Ok(read) = snapshot(&h).await {
+        let s = &read.value;
+        m.status_nodes_cut.set(s["cut"].as_array().map_or(0, Vec::len) as i64);
         m.modules.clear();
         m.modules_oldest.clear();
         let now = time::OffsetDateTime::now_utc();
@@ -392,11 +410,11 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.encode()).into_response()
 }
 
-/// The mesh's status as the page shows it: every module (up to [`MAX_PAGES`] pages) with its
-/// needs, and when it was read.
+/// The mesh's status as the page shows it: every node's modules (up to `per_node` a node,
+/// [`MAX_MODULES`] in all) with their needs, and when it was read.
 async fn status(State(h): State<Arc<Http>>) -> Response {
     match snapshot(&h).await {
-        Ok(s) => ([(header::CONTENT_TYPE, "application/json")], s.to_string()).into_response(),
+        Ok(s) => ([(header::CONTENT_TYPE, "application/json")], s.text.clone()).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "application/json")], json!({"error": e.message()}).to_string()).into_response(),
     }
 }
@@ -404,7 +422,7 @@ async fn status(State(h): State<Arc<Http>>) -> Response {
 /// The mesh's status as last read, never waiting on a guest call: a read older than
 /// [`SNAPSHOT_FOR`] is handed out while one refresh runs in a task of its own. Only a reader
 /// that finds no read at all waits (bounded) for the first.
-async fn snapshot(h: &Arc<Http>) -> Result<Arc<Value>> {
+async fn snapshot(h: &Arc<Http>) -> Result<Arc<Read>> {
     let waited = h.snapshot.refreshed.notified();
     tokio::pin!(waited);
     waited.as_mut().enable();
@@ -434,7 +452,17 @@ fn refresh(h: &Arc<Http>) {
     }
     let h = h.clone();
     tokio::spawn(async move {
-        let read = read_status(&h).await;
+        let read = match read_status(&h).await {
+            Ok(value) => {
+                let made = value.clone();
+                tokio::task::spawn_blocking(move || serde_json::to_vec(&*made))
+                    .await
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("writing the status: {e}")))
+                    .and_then(|text| text.map_err(|e| Error::new(ErrorKind::Guest, format!("writing the status: {e}"))))
+                    .map(|text| Arc::new(Read { value, text: text.into() }))
+            }
+            Err(e) => Err(e),
+        };
         {
             let mut last = h.snapshot.last.locked();
             match read {
@@ -447,35 +475,65 @@ fn refresh(h: &Arc<Http>) {
     });
 }
 
-/// Reads every page of `{"what":"status"}` from the guest.
+/// Reads `{"what":"status"}` from the guest, page by page: at most `per_node` modules of
+/// each node (past it the rest of the node is skipped, `after_node`, and the node named in
+/// `cut`) and [`MAX_MODULES`] in all.
 async fn read_status(h: &Http) -> Result<Arc<Value>> {
     let loaded = h.shared.current.get();
-    let (mut entries, mut after, mut complete) = (Vec::new(), None::<String>, false);
-    for _ in 0..MAX_PAGES {
-        let mut q = json!({"what": "status", "limit": 1000});
-        if let Some(a) = &after {
-            q["after"] = json!(a);
+    let (mut entries, mut complete) = (Vec::new(), false);
+    let (mut from, mut last_next) = (json!({}), None::<String>);
+    // Whether the component takes `after_node` (one from before it reads the rest of a node
+    // and the page shows none of it).
+    let mut jumps = true;
+    let mut shown: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut cut: Vec<Value> = Vec::new();
+    while entries.len() < MAX_MODULES {
+        let mut q = json!({"what": "status", "limit": PAGE_MODULES});
+        if let (Value::Object(q), Value::Object(from)) = (&mut q, &from) {
+            q.extend(from.clone());
         }
         let reply = loaded.guest.handle(h.shared.backend.clone(), h.shared.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), PAGE_BUDGET).await?;
+        if reply.code == ReplyCode::BadRequest && jumps && from.get("after_node").is_some() {
+            jumps = false;
+            from = json!({"after": last_next});
+            continue;
+        }
         let page: Value = serde_json::from_slice(&reply.body).map_err(|e| Error::new(ErrorKind::Guest, format!("a status page that is not JSON: {e}")))?;
         if reply.code != ReplyCode::Ok {
             let why = page["error"]["message"].as_str().unwrap_or("the status read failed").to_string();
             return Err(Error::new(ErrorKind::Unavailable, why));
         }
-        if let Value::Array(list) = &page["entries"] {
-            entries.extend(list.iter().cloned());
-        }
-        match page["next"].as_str() {
-            Some(n) => after = Some(n.to_string()),
-            None => {
-                complete = true;
-                break;
+        let mut full = None;
+        for e in page["entries"].as_array().into_iter().flatten() {
+            let node = e["node"].as_str().unwrap_or_default();
+            let n = shown.entry(node.to_string()).or_default();
+            if *n >= h.per_node {
+                if full.as_deref() != Some(node) && !cut.iter().any(|c| c["node"] == node) {
+                    cut.push(json!({"node": node, "shown": h.per_node}));
+                }
+                full = Some(node.to_string());
+                continue;
             }
+            *n += 1;
+            full = None;
+            entries.push(e.clone());
         }
+        let Some(next) = page["next"].as_str() else {
+            complete = true;
+            break;
+        };
+        last_next = Some(next.to_string());
+        // The page ended inside a node already shown in full: the next starts past it.
+        from = match full {
+            Some(node) if jumps => json!({"after_node": node}),
+            _ => json!({"after": next}),
+        };
     }
     let s = Arc::new(json!({
         "entries": entries,
         "complete": complete,
+        "per_node": h.per_node,
+        "cut": cut,
         "role": role(&h.shared.seat),
         "instance": h.shared.seat.instance(),
         "read_at": crate::service::rfc3339(std::time::SystemTime::now()),

@@ -158,6 +158,7 @@ pub struct Metrics {
     pub bus_disconnects: Family<Connection, Counter>,
     pub state_dir_bytes: Gauge,
     pub kept_plans: Gauge,
+    pub status_nodes_cut: Gauge,
 }
 
 /// The process's metrics, made on first use.
@@ -210,6 +211,7 @@ impl Metrics {
             bus_disconnects: Family::default(),
             state_dir_bytes: Gauge::default(),
             kept_plans: Gauge::default(),
+            status_nodes_cut: Gauge::default(),
             registry: Registry::default(),
             recording: AtomicBool::new(false),
         };
@@ -253,6 +255,7 @@ impl Metrics {
         registry.register("bus_disconnects", "Times a connection to the bus was lost, by connection (buckets, seat, serving)", m.bus_disconnects.clone());
         registry.register("state_dir_bytes", "Bytes of the files in the state directory (kept plans, snapshots, components), as of the last prune round", m.state_dir_bytes.clone());
         registry.register("kept_plans", "Plans kept in the state directory, as of the last prune round", m.kept_plans.clone());
+        registry.register("status_nodes_cut", "Nodes with more modules than the status page and the module metrics show of one node (the first 10 000 are)", m.status_nodes_cut.clone());
         Metrics { registry, ..m }
     }
 

@@ -70,7 +70,7 @@ pub async fn run(args: Serve) -> Result<()> {
     }
     let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust);
-    let state = crate::http::Http::new(opened.clone());
+    let state = crate::http::Http::new(opened.clone(), args.status_page_per_node);
     let options_for = |listener: &tokio::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         Ok::<_, Error>(crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize))

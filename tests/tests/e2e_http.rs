@@ -160,3 +160,48 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
     }
     drop(host);
 }
+
+#[tokio::test]
+async fn a_node_with_more_modules_than_the_page_shows_of_one_pushes_no_other_node_off() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--status-page-per-node", "3"]).await;
+    let url = host.http_url().await;
+    // alpha has 600 modules (more than two of the pages the status read asks, past the three
+    // the page shows of one node); beta and gamma a few.
+    for (user, node, modules) in [("node-alpha", "alpha", 600), ("node-beta", "beta", 1), ("node-gamma", "gamma", 3)] {
+        let js = bus.js(user).await;
+        let mut acks = Vec::new();
+        for i in 0..modules {
+            acks.push(js.publish(format!("$KV.mesh-provisioner_applied.{node}.m{i:03}"), r#"{"build":"b1","needs":0}"#.into()).await.expect("sent"));
+        }
+        for a in acks {
+            a.await.expect("stored");
+        }
+    }
+    let asker = bus.client("node-beta").await;
+    tests::nats::status_until(&asker, "gamma", "m002", "gamma's last module", |s| s["state"].is_string()).await;
+    let start = std::time::Instant::now();
+    let status = loop {
+        let (code, _, body) = get(&format!("{url}/api/status")).await;
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if code == 200 && v["entries"].as_array().is_some_and(|e| e.len() == 7) {
+            break v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{code} {body}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let shown: Vec<String> = status["entries"].as_array().into_iter().flatten().map(|e| format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or(""))).collect();
+    assert_eq!(shown, ["alpha/m000", "alpha/m001", "alpha/m002", "beta/m000", "gamma/m000", "gamma/m001", "gamma/m002"]);
+    assert_eq!(status["cut"], json!([{"node": "alpha", "shown": 3}]));
+    assert_eq!(status["complete"], json!(true));
+    // The metrics count what the page shows, and say a node was cut.
+    let (_, _, metrics) = get(&format!("{url}/metrics")).await;
+    assert!(metrics.lines().any(|l| l == "mesh_provisioner_status_nodes_cut 1"), "{metrics}");
+    // And the page says so.
+    let mut b = Browser::open(&format!("{url}/"), 1200, 800).await;
+    b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
+    let said = b.eval("document.getElementById('error').textContent").await;
+    assert!(said.as_str().is_some_and(|s| s.contains("alpha (first 3 modules)")), "{said}");
+    assert_eq!(b.eval("[...document.querySelectorAll('#grid td.cell')].map(td => td.dataset.node + '/' + td.dataset.module).join(' ')").await, json!(shown.join(" ")));
+}

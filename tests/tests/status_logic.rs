@@ -336,3 +336,28 @@ fn a_value_newer_than_the_one_applied_is_stale_and_degrades() {
     b.put(APPLIED, "alpha.app", record(rotated).as_bytes());
     assert_eq!(of(&b, "alpha", "app").state, State::Applied);
 }
+
+#[test]
+fn a_status_page_after_a_node_starts_with_the_next_nodes_first_module() {
+    let b = MemoryBackend::new();
+    for (node, module) in [("alpha", "a1"), ("alpha", "a2"), ("alpha", "zz"), ("alpha-1", "x"), ("beta", "b1"), ("gamma", "g1")] {
+        b.put(APPLIED, &format!("{node}.{module}"), br#"{"build":"b1","needs":0}"#);
+    }
+    assert_eq!(listed(&b, json!({"what":"status"}), 1 << 20), ["alpha-1.x", "alpha.a1", "alpha.a2", "alpha.zz", "beta.b1", "gamma.g1"]);
+    let first = |after_node: &str| page(&b, json!({"what":"status","after_node":after_node,"limit":1}), 1 << 20)["entries"][0]["module"].clone();
+    assert_eq!(first("alpha-1"), json!("a1"));
+    assert_eq!(first("alpha"), json!("b1"));
+    assert_eq!(first("beta"), json!("g1"));
+    assert_eq!(first("gamma"), Value::Null);
+    // A node that holds no module: the first of the nodes after it.
+    assert_eq!(first("alpha-0"), json!("x"));
+    // The page goes on from there as any page does.
+    let v = page(&b, json!({"what":"status","after_node":"alpha","limit":1}), 1 << 20);
+    assert_eq!(listed(&b, json!({"what":"status","after":v["next"]}), 1 << 20), ["gamma.g1"]);
+    // Not with `after`, and only an identifier.
+    for (q, says) in [(json!({"what":"status","after_node":"alpha","after":"x"}), "both given"), (json!({"what":"status","after_node":"a.b"}), "not an identifier"), (json!({"what":"needs","after_node":"alpha"}), "does not apply")] {
+        let reply = handle(&Native(b.clone()), PROVISIONING, q.to_string().as_bytes(), 1 << 20);
+        assert_eq!(reply.code, Code::BadRequest);
+        assert!(String::from_utf8_lossy(&reply.body).contains(says), "{q}: {}", String::from_utf8_lossy(&reply.body));
+    }
+}
