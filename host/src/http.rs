@@ -49,9 +49,12 @@ const MAX_MODULES: usize = 200_000;
 /// (`--status-page-per-node`): one node with more never pushes the others off the page or the
 /// metrics.
 pub const PER_NODE: usize = 10_000;
-/// Modules asked a guest call: small enough that the verbs served between two calls wait
-/// little (a call renders each module whole).
-const PAGE_MODULES: usize = 250;
+/// Modules asked a guest call: small enough that a verb served between two calls waits little
+/// (a call renders each module whole).
+const PAGE_MODULES: usize = 100;
+/// After each call, the read waits as long as the call took: a long read (100 000 modules)
+/// takes at most half the one thread from the verbs.
+const READ_YIELD: u32 = 1;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
 
@@ -121,6 +124,9 @@ fn strip_port(host: &str) -> &str {
 struct Read {
     value: Arc<Value>,
     text: bytes::Bytes,
+    /// How long the read took: it is reused at least as long (a read of a big mesh is never
+    /// started again at once).
+    took: Duration,
 }
 
 /// The status last read and when, and why the last read failed (if it did).
@@ -429,7 +435,7 @@ async fn snapshot(h: &Arc<Http>) -> Result<Arc<Read>> {
     let last = h.snapshot.last.locked().0.clone();
     match last {
         Some((at, s)) => {
-            if at.elapsed() >= SNAPSHOT_FOR {
+            if at.elapsed() >= SNAPSHOT_FOR.max(s.took) {
                 refresh(h);
             }
             return Ok(s);
@@ -452,14 +458,16 @@ fn refresh(h: &Arc<Http>) {
     }
     let h = h.clone();
     tokio::spawn(async move {
+        let started = Instant::now();
         let read = match read_status(&h).await {
             Ok(value) => {
+                let took = started.elapsed();
                 let made = value.clone();
                 tokio::task::spawn_blocking(move || serde_json::to_vec(&*made))
                     .await
                     .map_err(|e| Error::new(ErrorKind::Unavailable, format!("writing the status: {e}")))
                     .and_then(|text| text.map_err(|e| Error::new(ErrorKind::Guest, format!("writing the status: {e}"))))
-                    .map(|text| Arc::new(Read { value, text: text.into() }))
+                    .map(|text| Arc::new(Read { value, text: text.into(), took }))
             }
             Err(e) => Err(e),
         };
@@ -492,7 +500,9 @@ async fn read_status(h: &Http) -> Result<Arc<Value>> {
         if let (Value::Object(q), Value::Object(from)) = (&mut q, &from) {
             q.extend(from.clone());
         }
+        let called = Instant::now();
         let reply = loaded.guest.handle(h.shared.backend.clone(), h.shared.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), PAGE_BUDGET).await?;
+        tokio::time::sleep(called.elapsed() * READ_YIELD).await;
         if reply.code == ReplyCode::BadRequest && jumps && from.get("after_node").is_some() {
             jumps = false;
             from = json!({"after": last_next});

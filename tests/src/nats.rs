@@ -734,3 +734,10 @@ pub async fn status_until(c: &Client, node: &str, module: &str, what: &str, cond
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The lines of the host's `/metrics` (at `http`) that count a lost connection to the bus:
+/// none while every connection held.
+pub async fn lost_connections(http: &str) -> Vec<String> {
+    let (_, _, page) = crate::browser::get(&format!("{http}/metrics")).await;
+    page.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).map(str::to_string).collect()
+}

@@ -655,8 +655,7 @@ async fn no_bytes_a_node_writes_cut_the_provisioner_off() {
     status_until(&beta, "beta", "web", "its later need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2)).await;
     assert_eq!(bus.seat_holder().await.as_deref(), Some(holder.as_str()));
     assert_eq!(metric(&http, "mesh_provisioner_seat_transitions_total").await, transitions);
-    let (_, _, page) = get(&format!("{http}/metrics")).await;
-    let lost: Vec<&str> = page.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).collect();
+    let lost = tests::nats::lost_connections(&http).await;
     assert!(lost.is_empty(), "a connection was lost: {lost:?}");
     assert!(host.log_text().lines().all(|l| !l.contains("disconnected from the bus")), "{}", host.log_text());
 }

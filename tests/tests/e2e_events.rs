@@ -277,8 +277,7 @@ async fn a_flood_on_the_event_subjects_reaches_no_page_and_cuts_no_connection() 
     }
     assert!(!seen.contains("forged"), "a page relayed a forged event");
     assert_eq!(bus.seat_holder().await.as_deref(), Some(holder.as_str()));
-    let (_, _, metrics) = tests::browser::get(&format!("{url}/metrics")).await;
-    let lost: Vec<&str> = metrics.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).collect();
+    let lost = tests::nats::lost_connections(&url).await;
     assert!(lost.is_empty(), "a connection was lost: {lost:?}");
     drop(idle);
 }
