@@ -99,19 +99,12 @@ struct Component;
 impl api::Guest for Component {
     fn info() -> api::BuildInfo {
         crate::fixture::at_start();
-        api::BuildInfo {
-            name: crate::NAME.into(),
-            version: crate::VERSION.into(),
-            wit_version: crate::WIT_VERSION.into(),
-        }
+        api::BuildInfo { name: crate::NAME.into(), version: crate::VERSION.into(), wit_version: crate::WIT_VERSION.into() }
     }
 
     fn compile_registry() -> Vec<api::RegistryEntry> {
         crate::fixture::at_start();
-        crate::registry::compile()
-            .into_iter()
-            .map(|(kind, value)| api::RegistryEntry { kind, value })
-            .collect()
+        crate::registry::compile().into_iter().map(|(kind, value)| api::RegistryEntry { kind, value }).collect()
     }
 
     fn reconcile() -> Result<api::ReconcileReport, types::HostError> {

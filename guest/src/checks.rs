@@ -15,23 +15,36 @@ use crate::escape::is_identifier;
 use crate::keys::{parse_assignment, APPLIED, ASSIGNMENTS};
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
-use crate::value::{Flat, Object};
 use crate::registry;
+use crate::value::{Flat, Object};
 
 /// What a check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
     /// A value is at the key; `applied` is the revision its holder applied, when recorded.
-    Present { revision: u64, applied: Option<u64> },
+    Present {
+        revision: u64,
+        applied: Option<u64>,
+    },
     /// The holder applied an older revision than the one at its place now (SPEC §7.2).
-    Stale { applied: u64, revision: u64 },
+    Stale {
+        applied: u64,
+        revision: u64,
+    },
     /// A collection read: how many items it holds now, and the newest revision among them.
-    Collected { items: usize, revision: u64 },
-    Answered { responders: u32 },
+    Collected {
+        items: usize,
+        revision: u64,
+    },
+    Answered {
+        responders: u32,
+    },
     Missing,
     /// The provider is assigned to a node but applied on none of them (or, for a verb, not yet
     /// answering discovery): the value will come; `node` is the one waited for.
-    ProviderPending { node: String },
+    ProviderPending {
+        node: String,
+    },
     NoProvider,
     Unanswered,
     NotInstalled,
@@ -72,7 +85,6 @@ pub enum Place {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Provider {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
-
     pub module: String,
     pub nodes: Vec<ProviderNode>,
     /// Nodes assigned past the [`MAX_PROVIDER_NODES`] listed.
@@ -89,7 +101,6 @@ fn is_zero(n: &usize) -> bool {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderNode {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
-
     pub node: String,
     pub applied: bool,
 }
@@ -261,12 +272,22 @@ pub(crate) fn check(
                     }
                     Ok(p) if p.nodes.is_empty() => {
                         let why = format!("no node is assigned provider {domain} ({ASSIGNMENTS} has no *.{domain}): nothing will write {bucket}");
-                        return Checked { place: Place::Bucket { domain, bucket, place, filter: wild }, check: Check::NoProvider, reason: why, provider: Some(p) };
+                        return Checked {
+                            place: Place::Bucket { domain, bucket, place, filter: wild },
+                            check: Check::NoProvider,
+                            reason: why,
+                            provider: Some(p),
+                        };
                     }
                     Ok(p) if p.applied_on().is_none() => {
                         let waited = p.nodes[0].node.clone();
                         let why = format!("provider {domain} is assigned to {} and applied on none yet: waiting for {domain} on {waited}", p.listed());
-                        return Checked { place: Place::Bucket { domain, bucket, place, filter: wild }, check: Check::ProviderPending { node: waited }, reason: why, provider: Some(p) };
+                        return Checked {
+                            place: Place::Bucket { domain, bucket, place, filter: wild },
+                            check: Check::ProviderPending { node: waited },
+                            reason: why,
+                            provider: Some(p),
+                        };
                     }
                     Ok(p) => provided_by = Some(p),
                 }
@@ -293,7 +314,10 @@ pub(crate) fn check(
                                 Check::Stale { applied: a, revision: e.revision },
                                 format!("{value} was applied at revision {a}; revision {} is at {bucket} {place} now", e.revision),
                             ),
-                            Some(a) => (Check::Present { revision: e.revision, applied: Some(a) }, format!("revision {} is at {bucket} {place}, as applied", e.revision)),
+                            Some(a) => (
+                                Check::Present { revision: e.revision, applied: Some(a) },
+                                format!("revision {} is at {bucket} {place}, as applied", e.revision),
+                            ),
                             None => (Check::Present { revision: e.revision, applied: None }, ["a value is at ", &bucket, " ", &place].concat()),
                         }
                     }
@@ -413,7 +437,6 @@ mod schema {
     }
 }
 
-
 /// Whether a holder runs what is at its place now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Currency {
@@ -469,7 +492,9 @@ fn judge(check: &Check, now: Option<u64>, record: Option<&Applied>, kind: &str, 
     let not_named = if record.values.is_none() { Why::NoValues } else { Why::NotNamed };
     match (check, now, applied) {
         (Check::Answered { .. }, ..) => (Currency::Unknown, None, Why::Verb),
-        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => (Currency::Unknown, applied, Why::Unreadable),
+        (Check::NoProvider | Check::ProviderPending { .. } | Check::Unanswered | Check::Unknown | Check::NotInstalled, ..) => {
+            (Currency::Unknown, applied, Why::Unreadable)
+        }
         (_, Some(_), None) | (_, None, None) => (Currency::Unknown, None, not_named),
         (_, None, Some(a)) => (Currency::Stale, Some(a), Why::Gone(a)),
         (_, Some(r), Some(a)) if a == r => (Currency::Current, Some(a), Why::Runs(r)),
@@ -510,4 +535,3 @@ pub(crate) fn generation(check: &Check, record: Option<&Applied>, kind: &str, na
 pub(crate) fn currency(check: &Check, record: Option<&Applied>, kind: &str, name: &str) -> Currency {
     judge(check, revision_now(check), record, kind, name).0
 }
-

@@ -16,10 +16,7 @@ fn is_token_byte(b: u8) -> bool {
 /// Whether `s` is an identifier: `[A-Za-z0-9][A-Za-z0-9_-]*`, at most [`MAX_NAME_BYTES`].
 pub fn is_identifier(s: &str) -> bool {
     let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= MAX_NAME_BYTES
-        && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+    !b.is_empty() && b.len() <= MAX_NAME_BYTES && b[0].is_ascii_alphanumeric() && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
 }
 
 /// Why `s` is not an identifier, for error messages; `None` when it is one.
@@ -33,10 +30,7 @@ pub fn identifier_problem(s: &str) -> Option<String> {
     if is_identifier(s) {
         return None;
     }
-    Some(format!(
-        "{:?} is not an identifier ([A-Za-z0-9][A-Za-z0-9_-]*)",
-        shorten(s)
-    ))
+    Some(format!("{:?} is not an identifier ([A-Za-z0-9][A-Za-z0-9_-]*)", shorten(s)))
 }
 
 /// Why `s` cannot be a free name (empty, or longer than [`MAX_NAME_BYTES`]); `None` when it can.
@@ -93,21 +87,13 @@ pub fn decoded(token: &str) -> Result<Cow<'_, str>, String> {
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'=' {
-            let hex = bytes.get(i + 1..i + 3).ok_or_else(|| {
-                format!("dangling escape at byte {i} of {:?}", shorten(token))
-            })?;
+            let hex = bytes.get(i + 1..i + 3).ok_or_else(|| format!("dangling escape at byte {i} of {:?}", shorten(token)))?;
             let value = hex_value(hex[0])
                 .zip(hex_value(hex[1]))
                 .map(|(h, l)| h << 4 | l)
-                .ok_or_else(|| {
-                    format!("escape at byte {i} of {:?} is not two upper-case hex digits", shorten(token))
-                })?;
+                .ok_or_else(|| format!("escape at byte {i} of {:?} is not two upper-case hex digits", shorten(token)))?;
             if is_token_byte(value) {
-                return Err(format!(
-                    "escape at byte {i} of {:?} writes {:?}, which needs no escape",
-                    shorten(token),
-                    value as char
-                ));
+                return Err(format!("escape at byte {i} of {:?} writes {:?}, which needs no escape", shorten(token), value as char));
             }
             out.push(value);
             i += 3;

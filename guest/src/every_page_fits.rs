@@ -35,8 +35,7 @@ fn item() -> impl Strategy<Value = (usize, Vec<String>, Vec<u8>)> {
     let name = prop_oneof![2 => Just("postgres=2Edb".to_string()), 2 => Just("db_url".to_string()), 1 => token()];
     let tail = prop_oneof![3 => (kind, name).prop_map(|(k, n)| vec![k, n]), 1 => proptest::collection::vec(token(), 0..3)];
     let module = prop_oneof![2 => Just("app".to_string()), 3 => (0..30).prop_map(|i| format!("m{i}")), 1 => token()];
-    (0usize..8, named, module, tail, value())
-        .prop_map(|(bucket, node, module, tail, value)| (bucket, [vec![node, module], tail].concat(), value))
+    (0usize..8, named, module, tail, value()).prop_map(|(bucket, node, module, tail, value)| (bucket, [vec![node, module], tail].concat(), value))
 }
 
 const BUCKETS: [&str; 8] = [REGISTRY, NEEDS, NEEDS, APPLIED, COLLECT, ASSIGNMENTS, "postgres_bound", "mesh-config_values"];

@@ -100,11 +100,7 @@ pub fn request(data: &[u8]) {
 
 /// [`request`] over any pair of readers, so a test can show that a reader breaking the
 /// property (taking `*` as a node) fails the check.
-pub fn request_with(
-    parse: fn(&[u8]) -> Result<crate::request::Query, String>,
-    parse_plan: fn(&[u8]) -> Result<(String, String), String>,
-    data: &[u8],
-) {
+pub fn request_with(parse: fn(&[u8]) -> Result<crate::request::Query, String>, parse_plan: fn(&[u8]) -> Result<(String, String), String>, data: &[u8]) {
     if let Ok(q) = parse(data) {
         for id in [&q.node, &q.module, &q.kind].into_iter().flatten() {
             assert!(is_identifier(id), "accepted {id:?} as an identifier");

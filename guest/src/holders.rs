@@ -16,18 +16,18 @@
 
 use std::collections::BTreeMap;
 
+use crate::checks::{applied_record, check, generation, Check, Checked, Currency, Generation, Place, Providers};
 use crate::env::{Env, HostError};
 use crate::escape::{encode, is_identifier, shorten};
 use crate::keys::{parse_need, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::modules::{grouped, join, keyed_by_pair, pair_cow, Grouping, Pair};
 use crate::plan;
 use crate::provision::{self, Need};
 use crate::registry::{self, Answer};
-use crate::checks::{applied_record, check, generation, Check, Checked, Currency, Generation, Place, Providers};
-use crate::modules::{grouped, join, keyed_by_pair, pair_cow, Grouping, Pair};
+use crate::reply::{Code, PageBudget, Reply};
 use crate::value::{raw, sources, to_json};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use crate::reply::{Code, PageBudget, Reply};
 
 /// Most modules one page looks at (each costs its plan and a check).
 pub const MAX_MODULES: u32 = 1000;
@@ -66,7 +66,8 @@ fn holder(env: &dyn Env, node: &str, module: &str, kind: &str, name: &str, recor
     };
     let record = env.get(APPLIED, &format!("{node}.{module}"))?.map(|e| applied_record(&e.value));
     let need = Need { kind: kind.into(), name: name.into(), part };
-    let Checked { place, check, .. } = check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()), providers);
+    let Checked { place, check, .. } =
+        check(env, node, module, &need, record.as_ref().and_then(|r| r.parts.as_deref()), record.as_ref().and_then(|r| r.values.as_ref()), providers);
     if check == Check::NotInstalled {
         return Ok(None);
     }
@@ -135,7 +136,13 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
         last = Some(key);
     }
     // Past a cut, the page ends at the last holder listed; otherwise at the last module looked at.
-    let next = if cut { last } else if page.more { page.last.clone() } else { None };
+    let next = if cut {
+        last
+    } else if page.more {
+        page.last.clone()
+    } else {
+        None
+    };
     let count = list.len();
     Ok(room.finish(to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next })))
 }

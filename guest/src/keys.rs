@@ -157,7 +157,13 @@ fn wrong_count(what: &str, shape: &[Token], min: usize, count: usize) -> String 
             let name = match t {
                 Token::Ident(n) | Token::Name(n) => *n,
             };
-            if i >= min { format!("[.<{name}>]") } else if i == 0 { format!("<{name}>") } else { format!(".<{name}>") }
+            if i >= min {
+                format!("[.<{name}>]")
+            } else if i == 0 {
+                format!("<{name}>")
+            } else {
+                format!(".<{name}>")
+            }
         })
         .collect();
     format!("{what} keys are {spelled}: {count} token{}", if count == 1 { "" } else { "s" })
@@ -226,12 +232,7 @@ pub fn parse_collect(key: &str) -> Result<CollectKey, String> {
 }
 
 pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
-    let shape = [
-        Token::Ident("node"),
-        Token::Ident("module"),
-        Token::Ident("provision"),
-        Token::Ident("local"),
-    ];
+    let shape = [Token::Ident("node"), Token::Ident("module"), Token::Ident("provision"), Token::Ident("local")];
     let [node, module, provision, local] = split(key, "bound", &shape, 1)?;
     Ok(BoundKey {
         node: node.into_owned(),
@@ -278,10 +279,7 @@ mod tests {
 
     #[test]
     fn says_why_a_key_is_out_of_shape() {
-        assert_eq!(
-            parse_collect("alpha.shell").unwrap_err(),
-            "collect keys are <node>.<collection>.<contributor>: 2 tokens"
-        );
+        assert_eq!(parse_collect("alpha.shell").unwrap_err(), "collect keys are <node>.<collection>.<contributor>: 2 tokens");
         assert!(parse_need("alpha.app.config.x.y").unwrap_err().contains("5 tokens"));
         assert!(parse_need("alpha..config.x").unwrap_err().contains("token 2 (<module>) is empty"));
         assert!(parse_need("alpha.app.config.=3a").unwrap_err().contains("upper-case"));

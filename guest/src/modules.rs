@@ -188,12 +188,7 @@ pub(crate) fn modules(env: &dyn Env, node: Option<&str>, module: Option<&str>, a
         keyed_by_pair(env, APPLIED, &tokens(""), after, limit)?,
         grouped(
             env,
-            &Grouping {
-                bucket: NEEDS,
-                filter: &tokens(".>"),
-                module_of: &pair_cow,
-                has: &|p| any(env, NEEDS, &format!("{}.>", join(p))),
-            },
+            &Grouping { bucket: NEEDS, filter: &tokens(".>"), module_of: &pair_cow, has: &|p| any(env, NEEDS, &format!("{}.>", join(p))) },
             after,
             after,
             limit,
@@ -254,7 +249,6 @@ fn unless_refused<T>(r: Result<T, HostError>) -> Result<Option<T>, HostError> {
         Err(e) => Err(e),
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -364,10 +364,7 @@ impl Plan {
             ),
             None => (
                 State::Waiting,
-                Some(format!(
-                    "nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it",
-                    self.module, self.node
-                )),
+                Some(format!("nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it", self.module, self.node)),
             ),
         }
     }
@@ -466,17 +463,22 @@ mod tests {
         let text = prop::sample::select(vec![r#""config""#, r#""db.url""#, r#""api""#, r#""k\u0069nd""#, r#""\uDFFF""#, "null", "7", "[]", "{}", r#""a\"b""#]);
         let key = prop::sample::select(vec![r#""kind""#, r#""name""#, r#""part""#, r#""k\u0069nd""#, r#""extra""#, r#""needs""#]);
         // Mostly near-plain needs: the plain reading's edges are where it could differ.
-        let field = (prop_oneof![4 => prop::sample::select(vec![r#""kind""#, r#""name""#, r#""part""#]), 1 => key.clone()], prop_oneof![4 => Just(r#""config""#), 1 => text.clone()]);
+        let field = (
+            prop_oneof![4 => prop::sample::select(vec![r#""kind""#, r#""name""#, r#""part""#]), 1 => key.clone()],
+            prop_oneof![4 => Just(r#""config""#), 1 => text.clone()],
+        );
         let value = prop_oneof![4 => Just(r#""config""#), 1 => text.clone()];
-        let near_plain = (value.clone(), value.clone(), prop::option::of(value), prop::option::weighted(0.2, key.clone()), any::<bool>()).prop_map(|(k, n, part, extra, reversed)| {
-            let mut f = vec![format!(r#""kind":{k}"#), format!(r#""name":{n}"#)];
-            f.extend(part.map(|p| format!(r#""part":{p}"#)));
-            f.extend(extra.map(|e| format!(r#"{e}:"x""#)));
-            if reversed {
-                f.reverse();
-            }
-            format!("{{{}}}", f.join(","))
-        });
+        let near_plain = (value.clone(), value.clone(), prop::option::of(value), prop::option::weighted(0.2, key.clone()), any::<bool>()).prop_map(
+            |(k, n, part, extra, reversed)| {
+                let mut f = vec![format!(r#""kind":{k}"#), format!(r#""name":{n}"#)];
+                f.extend(part.map(|p| format!(r#""part":{p}"#)));
+                f.extend(extra.map(|e| format!(r#"{e}:"x""#)));
+                if reversed {
+                    f.reverse();
+                }
+                format!("{{{}}}", f.join(","))
+            },
+        );
         let need = prop_oneof![
             3 => near_plain,
             1 => prop::collection::vec(field, 0..5).prop_map(|f| format!("{{{}}}", f.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(","))),
@@ -485,8 +487,12 @@ mod tests {
         ];
         let needs = prop_oneof![prop::collection::vec(need, 0..4).prop_map(|n| format!("[{}]", n.join(","))), text.clone().prop_map(str::to_string)];
         // A plan lists its needs, perhaps twice, beside other fields; a few plans are no object.
-        let fields = prop::collection::vec(prop_oneof![3 => needs.prop_map(|n| format!(r#""needs":{n}"#)), 1 => (key, text).prop_map(|(k, v)| format!("{k}:{v}"))], 0..4);
-        (fields, prop::bool::weighted(0.1)).prop_map(|(fields, array)| if array { format!("[{}]", fields.join(",")) } else { format!("{{{}}}", fields.join(",")) })
+        let fields = prop::collection::vec(
+            prop_oneof![3 => needs.prop_map(|n| format!(r#""needs":{n}"#)), 1 => (key, text).prop_map(|(k, v)| format!("{k}:{v}"))],
+            0..4,
+        );
+        (fields, prop::bool::weighted(0.1))
+            .prop_map(|(fields, array)| if array { format!("[{}]", fields.join(",")) } else { format!("{{{}}}", fields.join(",")) })
     }
 
     proptest::proptest! {
@@ -503,7 +509,8 @@ mod tests {
 
     #[test]
     fn a_plain_need_is_read_without_a_tree_and_an_odd_one_as_before() {
-        let plain = Body::plain_needs(r#"{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"dir","name":"state"}]}"#).expect("plain");
+        let plain =
+            Body::plain_needs(r#"{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"dir","name":"state"}]}"#).expect("plain");
         assert_eq!(plain[0], Listed::Read(provision::Need { kind: "config".into(), name: "db.url".into(), part: Some("api".into()) }));
         assert_eq!(plain[1].need().map(|n| n.part.clone()), Some(None));
         // `part: null` and a need by position are odd: said, as the tree says them.

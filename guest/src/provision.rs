@@ -42,11 +42,7 @@ pub fn need(v: &Value) -> Result<Need, String> {
         Some(other) => Err(format!("the need's {field} must be a string, not {}", shorten(&other.to_string()))),
     };
     let (kind, name, part) = (text("kind")?, text("name")?, text("part")?);
-    Ok(Need {
-        kind: kind.ok_or("the need has no kind")?,
-        name: name.ok_or("the need has no name")?,
-        part,
-    })
+    Ok(Need { kind: kind.ok_or("the need has no kind")?, name: name.ok_or("the need has no name")?, part })
 }
 
 /// One need as a plan lists it: read, or as written with why it cannot be read (it is still
@@ -161,10 +157,19 @@ impl Serialize for Resolved {
 }
 
 pub(crate) enum Resolved {
-    Verb { domain: &'static str, verb: &'static str },
+    Verb {
+        domain: &'static str,
+        verb: &'static str,
+    },
     /// The domain and the bucket are borrowed from the registry unless a need's name fills them
     /// (a provider's): every need of every status resolves here.
-    Bucket { domain: Cow<'static, str>, bucket: Cow<'static, str>, collection: Option<String>, place: String, wild: bool },
+    Bucket {
+        domain: Cow<'static, str>,
+        bucket: Cow<'static, str>,
+        collection: Option<String>,
+        place: String,
+        wild: bool,
+    },
     Unanswered(String),
     Malformed(String),
 }
@@ -207,11 +212,7 @@ fn split_bound(kind: &str, name: &str) -> Result<Filled, String> {
             return Err(format!("{shape}: the {what} {problem}"));
         }
     }
-    Ok(Filled {
-        provider: Some(parts[0].to_string()),
-        provision: Some(parts[1].to_string()),
-        local: parts.get(2).map(|s| s.to_string()),
-    })
+    Ok(Filled { provider: Some(parts[0].to_string()), provision: Some(parts[1].to_string()), local: parts.get(2).map(|s| s.to_string()) })
 }
 
 /// A slot of a domain's shape, by name.
@@ -333,11 +334,7 @@ fn fill(at: usize, domain: &'static Domain, node: &str, module: &str, name: &str
         (Answer::Verb(verb), _) => return Ok(Resolved::Verb { domain: domain.owner, verb }),
         (Answer::Bucket { .. }, None) => return Err(format!("the registry's shapes for {:?} were not read", domain.kind)),
     };
-    let filled = if shapes.has(Slot::Provider) || shapes.has(Slot::Provision) {
-        split_bound(domain.kind, name)?
-    } else {
-        Filled::default()
-    };
+    let filled = if shapes.has(Slot::Provider) || shapes.has(Slot::Provision) { split_bound(domain.kind, name)? } else { Filled::default() };
     // A domain with a collection of its own (`shell`) reads that one; `collected` reads the
     // collection its need names.
     let collection = match collection {
@@ -368,6 +365,33 @@ fn fill(at: usize, domain: &'static Domain, node: &str, module: &str, name: &str
     Ok(Resolved::Bucket { domain, bucket, collection, place, wild })
 }
 
+/// `Resolved` is written by hand (above); its schema says the same maps.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Resolved {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Resolved".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Where the need's value is found: a verb, or a bucket and a key (a subject filter when a token cannot be filled); or why it cannot be read.",
+            "type": "object",
+            "anyOf": [
+                { "properties": { "domain": { "type": "string" }, "verb": { "type": "string" } }, "required": ["domain", "verb"] },
+                {
+                    "properties": {
+                        "domain": { "type": "string" }, "bucket": { "type": "string" }, "collection": { "type": "string" },
+                        "key": { "type": "string" }, "filter": { "type": "string" }
+                    },
+                    "required": ["domain", "bucket"],
+                    "oneOf": [{ "required": ["key"] }, { "required": ["filter"] }]
+                },
+                { "properties": { "unanswered": { "const": true }, "reason": { "type": "string" } }, "required": ["unanswered", "reason"] },
+                { "properties": { "malformed": { "const": true }, "reason": { "type": "string" } }, "required": ["malformed", "reason"] }
+            ]
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,10 +417,7 @@ mod tests {
 
     #[test]
     fn splits_a_bound_name_into_provider_provision_and_local() {
-        assert_eq!(
-            at("bound", "postgres.db"),
-            json!({"kind":"bound","name":"postgres.db","domain":"postgres","bucket":"postgres_bound","key":"alpha.app.db"})
-        );
+        assert_eq!(at("bound", "postgres.db"), json!({"kind":"bound","name":"postgres.db","domain":"postgres","bucket":"postgres_bound","key":"alpha.app.db"}));
         assert_eq!(at("bound", "postgres.db.ro")["key"], "alpha.app.db.ro");
     }
 
@@ -438,32 +459,5 @@ mod tests {
         assert!(need(&json!({"kind":"config","name":3})).unwrap_err().contains("must be a string"));
         assert!(need(&json!("config:x")).unwrap_err().contains("an object"));
         assert!(need(&json!({"kind":"config","name":"x","extra":1})).unwrap_err().contains("\"extra\""));
-    }
-}
-
-/// `Resolved` is written by hand (above); its schema says the same maps.
-#[cfg(feature = "schema")]
-impl schemars::JsonSchema for Resolved {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Resolved".into()
-    }
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "description": "Where the need's value is found: a verb, or a bucket and a key (a subject filter when a token cannot be filled); or why it cannot be read.",
-            "type": "object",
-            "anyOf": [
-                { "properties": { "domain": { "type": "string" }, "verb": { "type": "string" } }, "required": ["domain", "verb"] },
-                {
-                    "properties": {
-                        "domain": { "type": "string" }, "bucket": { "type": "string" }, "collection": { "type": "string" },
-                        "key": { "type": "string" }, "filter": { "type": "string" }
-                    },
-                    "required": ["domain", "bucket"],
-                    "oneOf": [{ "required": ["key"] }, { "required": ["filter"] }]
-                },
-                { "properties": { "unanswered": { "const": true }, "reason": { "type": "string" } }, "required": ["unanswered", "reason"] },
-                { "properties": { "malformed": { "const": true }, "reason": { "type": "string" } }, "required": ["malformed", "reason"] }
-            ]
-        })
     }
 }

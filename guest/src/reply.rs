@@ -79,9 +79,7 @@ impl Reply {
 
     pub(crate) fn from_host(e: HostError) -> Reply {
         match e {
-            HostError::Unavailable(_) | HostError::Timeout(_) | HostError::NoResponders(_) => {
-                Reply::error(Code::Unavailable, &e.to_string())
-            }
+            HostError::Unavailable(_) | HostError::Timeout(_) | HostError::NoResponders(_) => Reply::error(Code::Unavailable, &e.to_string()),
             other => Reply::error(Code::Internal, &format!("the store failed: {other}")),
         }
     }

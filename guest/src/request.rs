@@ -122,9 +122,7 @@ pub fn fields(body: &[u8]) -> Result<Vec<(String, Value)>, String> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    serde_json::from_str::<Fields>(text)
-        .map(|f| f.0)
-        .map_err(|e| format!("the body must be one JSON object: {e}"))
+    serde_json::from_str::<Fields>(text).map(|f| f.0).map_err(|e| format!("the body must be one JSON object: {e}"))
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -166,12 +164,7 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "collect" => What::Collect,
             "status" => What::Status,
             "holders" => What::Holders,
-            other => {
-                return Err(format!(
-                    "field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders",
-                    shorten(other)
-                ))
-            }
+            other => return Err(format!("field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders", shorten(other))),
         },
     };
     let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None, after_node: None };

@@ -32,13 +32,43 @@ pub const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_-]*$";
 pub fn all() -> Vec<(&'static str, Value)> {
     vec![
         ("provisioning.request", provisioning_request()),
-        ("provisioning.reply", derived::<crate::verb::AnyAnswer>("provisioning.reply", "An answer of mesh-provisioner.provisioning: a page of one bucket, of module states, or of a value's holders, as the request's `what` asks.")),
+        (
+            "provisioning.reply",
+            derived::<crate::verb::AnyAnswer>(
+                "provisioning.reply",
+                "An answer of mesh-provisioner.provisioning: a page of one bucket, of module states, or of a value's holders, as the request's `what` asks.",
+            ),
+        ),
         ("plan.request", plan_request()),
-        ("plan.reply", derived::<crate::plan::Answer>("plan.reply", "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.")),
-        ("error", derived::<crate::reply::ErrorBody>("error", "An error reply of either verb; the same code is in the Nats-Service-Error-Code header (400 bad_request, 503 unavailable, 500 internal).")),
+        (
+            "plan.reply",
+            derived::<crate::plan::Answer>(
+                "plan.reply",
+                "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.",
+            ),
+        ),
+        (
+            "error",
+            derived::<crate::reply::ErrorBody>(
+                "error",
+                "An error reply of either verb; the same code is in the Nats-Service-Error-Code header (400 bad_request, 503 unavailable, 500 internal).",
+            ),
+        ),
         ("notice", derived::<crate::holders::NoticeBody>("notice", "A notice on mesh-provisioner.notice.<node>: a value a module of the node holds changed.")),
-        ("event", derived::<crate::transitions::Event>("event", "An event on mesh-provisioner.event.<node>: a module's state changed (published once, after its record was written).")),
-        ("state-record", derived::<crate::record::Record>("state-record", "A record of mesh-provisioner_states, under <node>.<module>: the state the seat's holder last saw and since when.")),
+        (
+            "event",
+            derived::<crate::transitions::Event>(
+                "event",
+                "An event on mesh-provisioner.event.<node>: a module's state changed (published once, after its record was written).",
+            ),
+        ),
+        (
+            "state-record",
+            derived::<crate::record::Record>(
+                "state-record",
+                "A record of mesh-provisioner_states, under <node>.<module>: the state the seat's holder last saw and since when.",
+            ),
+        ),
     ]
 }
 
@@ -87,7 +117,9 @@ fn provisioning_request() -> Value {
                 v
             }
             "collection" | "name" => free_name(),
-            "limit" => json!({ "type": "integer", "minimum": 1, "description": format!("page size; above {MAX_LIMIT} it is clamped to {MAX_LIMIT}, the default") }),
+            "limit" => {
+                json!({ "type": "integer", "minimum": 1, "description": format!("page size; above {MAX_LIMIT} it is clamped to {MAX_LIMIT}, the default") })
+            }
             "after" => json!({ "type": "string", "minLength": 1, "maxLength": MAX_AFTER, "description": "a `next` this server handed out" }),
             _ => json!(false),
         }
@@ -212,5 +244,4 @@ mod tests {
             assert_eq!(v["$id"], format!("{ID_BASE}{name}"), "{name}");
         }
     }
-
 }

@@ -12,20 +12,19 @@
 //! cannot be made now is `unknown`, never passing. The module's state follows, `blocked` first,
 //! then `degraded`. Everything here is decided in the guest; the host only answers reads.
 
-
+use crate::checks::{applied_record, check, currency, Applied, Check, Checked, Currency, Place, Provider, Providers};
 use crate::env::{Env, Health, HostError};
 use crate::escape::shorten;
 use crate::keys::{composed, parse_applied, parse_assignment, parse_need_ref, APPLIED, ASSIGNMENTS, NEEDS};
+use crate::modules::{join, modules};
 use crate::plan;
 use crate::provision::{self, Need};
 use crate::reconcile::scan_all;
+use crate::reply::{self, Code, PageBudget, Reply};
 use crate::value::{object, sources, to_json, Object};
 use serde::Serialize;
 #[cfg(any(test, feature = "schema"))]
 use serde_json::value::RawValue;
-use crate::reply::{self, Code, PageBudget, Reply};
-use crate::checks::{applied_record, check, currency, Applied, Check, Checked, Currency, Place, Provider, Providers};
-use crate::modules::{join, modules};
 
 pub use crate::checks::{ProviderNode, MAX_PROVIDER_NODES};
 
@@ -193,7 +192,9 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
         revision = revision.max(e.revision);
         match parse_need_ref(&e.key) {
             Ok(k) => {
-                let part = read_parts.then(|| crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())).flatten();
+                let part = read_parts
+                    .then(|| crate::value::field(&e.value, "part").ok().flatten().and_then(|raw| serde_json::from_str::<String>(raw.get()).ok()))
+                    .flatten();
                 needs.push((Need { kind: k.kind.into_owned(), name: k.name.into_owned(), part }, true, false));
             }
             Err(reason) => out_of_shape.push(OutOfShape { bucket: NEEDS, key: e.key, revision: e.revision, reason }),
@@ -234,8 +235,7 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
         .into_iter()
         .map(|(need, recorded, planned)| {
             let Checked { place, check, reason, provider } = check(env, node, module, &need, parts, values, &mut asked.providers);
-            let generation = matches!(place, Place::Bucket { .. })
-                .then(|| currency(&check, record.as_ref(), &need.kind, &need.name));
+            let generation = matches!(place, Place::Bucket { .. }).then(|| currency(&check, record.as_ref(), &need.kind, &need.name));
             NeedStatus { kind: need.kind, name: need.name, part: need.part, recorded, planned, place, check, reason, generation, provider }
         })
         .collect();
@@ -368,7 +368,11 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healt
 /// A key of the applied or assignments bucket (both `<node>.<module>`), read by its bucket's
 /// parser.
 fn parse_module_key(bucket: &str, key: &str) -> Result<crate::keys::AppliedKey, String> {
-    if bucket == APPLIED { parse_applied(key) } else { parse_assignment(key) }
+    if bucket == APPLIED {
+        parse_applied(key)
+    } else {
+        parse_assignment(key)
+    }
 }
 
 /// Why `key`, read deeper than a module's own key or otherwise odd, is out of shape.
@@ -661,8 +665,8 @@ impl<'a> NeedLine<'a> {
 mod out_of_shape {
     use super::*;
     use crate::fuzzing::MemEnv;
-    use serde_json::Value;
     use proptest::prelude::*;
+    use serde_json::Value;
 
     /// Every `(bucket, key)` of the assignments and applied buckets a status listing says: a
     /// module listed (its exact keys) or a key out of shape; asked page by page at `limit` and
@@ -706,12 +710,19 @@ mod out_of_shape {
         env.put(APPLIED, "beta.ghost.extra", b"{}");
         let mut got = said(&env, Some("alpha"), 1000, 1 << 20);
         got.sort();
-        let want: Vec<(String, String)> = [(APPLIED, "alpha.-odd"), (APPLIED, "alpha.app"), (APPLIED, "alpha.app.extra"), (APPLIED, "alpha.ghost.extra"), (ASSIGNMENTS, "alpha"), (ASSIGNMENTS, "alpha.-odd")]
-            .iter()
-            .map(|(b, k)| (b.to_string(), k.to_string()))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let want: Vec<(String, String)> = [
+            (APPLIED, "alpha.-odd"),
+            (APPLIED, "alpha.app"),
+            (APPLIED, "alpha.app.extra"),
+            (APPLIED, "alpha.ghost.extra"),
+            (ASSIGNMENTS, "alpha"),
+            (ASSIGNMENTS, "alpha.-odd"),
+        ]
+        .iter()
+        .map(|(b, k)| (b.to_string(), k.to_string()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
         assert_eq!(got, want);
         let r = answer(&env, Some("alpha"), Some("ghost"), None, 1000, 1 << 20).expect("answers");
         let v: Value = serde_json::from_slice(&r.body).unwrap();
@@ -739,7 +750,14 @@ mod out_of_shape {
     }
 
     fn token() -> impl Strategy<Value = String> {
-        prop_oneof![Just("a".to_string()), Just("b".to_string()), Just("a-x".to_string()), Just("=ZZ".to_string()), Just("-".to_string()), Just("b_1".to_string())]
+        prop_oneof![
+            Just("a".to_string()),
+            Just("b".to_string()),
+            Just("a-x".to_string()),
+            Just("=ZZ".to_string()),
+            Just("-".to_string()),
+            Just("b_1".to_string())
+        ]
     }
 
     proptest! {
@@ -832,7 +850,16 @@ mod written {
             warnings: vec!["bucket \"x\" unsafe".into()],
             revision: 3,
         };
-        let bare = ModuleStatus { want: None, have: None, applied_at: None, since: None, needs: Vec::new(), warnings: Vec::new(), state: State::NeverRan, ..full.clone() };
+        let bare = ModuleStatus {
+            want: None,
+            have: None,
+            applied_at: None,
+            since: None,
+            needs: Vec::new(),
+            warnings: Vec::new(),
+            state: State::NeverRan,
+            ..full.clone()
+        };
         vec![full, bare]
     }
 

@@ -27,10 +27,10 @@ use serde::Serialize;
 use crate::env::{Env, HostError, Level};
 use crate::escape::is_identifier;
 use crate::keys::{self, composed_node, parse_builds, parse_composed, parse_need, APPLIED, ASSIGNMENTS, BUILDS, NEEDS};
-use crate::record::{self, Record, STATES};
-use crate::reconcile::scan_all;
-use crate::registry::{self, Answer};
 use crate::modules::{self, pair_of, Pair};
+use crate::reconcile::scan_all;
+use crate::record::{self, Record, STATES};
+use crate::registry::{self, Answer};
 use crate::status;
 
 /// Most modules one call finds the state of; the rest is handed back. Small, because the host
@@ -182,10 +182,13 @@ pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &st
     let mut ask = |after: Option<String>, quiet: bool| {
         sweep = Some(match sweep.take() {
             None => (after, quiet),
-            Some((a, q)) => (match (a, after) {
-                (None, _) | (_, None) => None,
-                (Some(a), Some(b)) => Some(a.min(b)),
-            }, q || quiet),
+            Some((a, q)) => (
+                match (a, after) {
+                    (None, _) | (_, None) => None,
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                },
+                q || quiet,
+            ),
         });
     };
     for (bucket, key) in changes {

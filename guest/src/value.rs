@@ -21,6 +21,8 @@ use serde_json::value::RawValue;
 /// (as serde_json's `Value` reads it: a repeated field is its last, the same depth limit); `Err`
 /// when `bytes` is not exactly one JSON object. A record's one field read this way costs no
 /// tree of the rest (a status reads a `part`, a `want`, a `build` from every module's records).
+// What is wrong with a value that is no object is the caller's to say: no error to carry.
+#[allow(clippy::result_unit_err)]
 pub fn field<'a>(bytes: &'a [u8], name: &str) -> Result<Option<&'a RawValue>, ()> {
     struct Field<'n>(&'n str);
     impl<'de> de::DeserializeSeed<'de> for Field<'_> {
@@ -372,7 +374,11 @@ pub fn escaped_len(s: &str) -> usize {
 
 /// The bytes one character takes inside a JSON string, as serde_json writes it.
 pub fn escaped_char_len(c: char) -> usize {
-    if c.is_ascii() { escaped_byte_len(c as u8) } else { c.len_utf8() }
+    if c.is_ascii() {
+        escaped_byte_len(c as u8)
+    } else {
+        c.len_utf8()
+    }
 }
 
 /// The bytes one byte of a string's UTF-8 takes inside a JSON string: only ASCII is escaped.
@@ -475,9 +481,7 @@ fn plainly_readable(json: &[u8]) -> bool {
             }
         }
         // All eight ASCII, none below '0', none above '9'.
-        let digits = v & HIGH == 0
-            && v.wrapping_add(ONES * (0x80 - 0x30)) & HIGH == HIGH
-            && v.wrapping_add(ONES * (0x80 - 0x3a)) & HIGH == 0;
+        let digits = v & HIGH == 0 && v.wrapping_add(ONES * (0x80 - 0x30)) & HIGH == HIGH && v.wrapping_add(ONES * (0x80 - 0x3a)) & HIGH == 0;
         digit_words = if digits { digit_words + 1 } else { 0 };
         if digit_words == DIGIT_WORDS {
             return plainly_readable_bytewise(json);
@@ -620,7 +624,8 @@ mod tests {
     #[test]
     fn writes_a_string_as_serde_writes_it() {
         let every_byte: String = (0u8..0x80).map(char::from).collect();
-        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f} \u{7f}", "é ✓ 😀", "", &every_byte, "\u{0}end", "start\u{1b}"] {
+        for text in ["plain", "quote \" and \\ back", "ctl \u{1} \n \t \r \u{8} \u{c} \u{1f} \u{7f}", "é ✓ 😀", "", &every_byte, "\u{0}end", "start\u{1b}"]
+        {
             let mut out = String::new();
             write_str(&mut out, text);
             assert_eq!(out, serde_json::to_string(text).unwrap(), "{text:?}");

@@ -8,8 +8,8 @@
 use crate::env::{Entry, EntryRef, Env, HostError, Page};
 use crate::escape::encode;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
-use crate::request::{self, Query, What};
 use crate::reply::{page, PageBudget};
+use crate::request::{self, Query, What};
 use crate::value::{Object, Shown};
 #[cfg(any(test, feature = "schema"))]
 use serde::Serialize;
@@ -68,10 +68,7 @@ impl Scope {
             What::Registry => Scope { bucket: keys::REGISTRY, tokens: vec![id(&q.kind)] },
             What::Needs => Scope { bucket: keys::NEEDS, tokens: vec![id(&q.node), id(&q.module), id(&q.kind)] },
             What::Applied => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
-            What::Collect => Scope {
-                bucket: keys::COLLECT,
-                tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)],
-            },
+            What::Collect => Scope { bucket: keys::COLLECT, tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)] },
             What::Status | What::Holders => return None,
         })
     }
@@ -189,9 +186,13 @@ enum Fields<'a> {
 enum Tail<'a> {
     Value(Shown<'a>),
     /// The rare value too large for any reply: its size instead.
-    Omitted { value_omitted: Omitted },
+    Omitted {
+        value_omitted: Omitted,
+    },
     /// Why a key is out of shape.
-    Reason { reason: String },
+    Reason {
+        reason: String,
+    },
 }
 
 #[cfg(any(test, feature = "schema"))]
@@ -306,7 +307,11 @@ fn render(what: What, revision: u64, found: &[EntryRef], more: bool, budget: usi
             cut_at = Some(i);
             break;
         }
-        if shaped { out_of_shape.push(it) } else { entries.push(it) }
+        if shaped {
+            out_of_shape.push(it)
+        } else {
+            entries.push(it)
+        }
     }
     let included = cut_at.unwrap_or(found.len());
     let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key);
@@ -352,7 +357,12 @@ mod written {
             for (shown, revision) in [(true, u64::MAX), (false, u64::MAX), (true, 0)] {
                 let e = Entry { key: key.into(), revision, value: value.clone() };
                 let (text, _) = line(what, &e.borrowed(), shown);
-                assert!(text.len() <= line_guess(&e.borrowed()) || value.len() > MAX_GUESS, "{text} is {} bytes, guessed {}", text.len(), line_guess(&e.borrowed()));
+                assert!(
+                    text.len() <= line_guess(&e.borrowed()) || value.len() > MAX_GUESS,
+                    "{text} is {} bytes, guessed {}",
+                    text.len(),
+                    line_guess(&e.borrowed())
+                );
             }
         }
     }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 
 use crate::error::{Error, ErrorKind, Result};
+pub use crate::holds::Holds;
 use crate::kept::KeptPlans;
 use crate::mirror::Mirror;
-pub use crate::holds::Holds;
 
 /// The bucket the registry writer addresses; the only bucket the guest can write.
 pub const REGISTRY_BUCKET: &str = "mesh-provisioner_registry";
@@ -73,9 +73,7 @@ pub fn check_service(service: &str) -> Result<()> {
 
 /// Bucket names as JetStream accepts them, checked before anything is asked.
 pub fn check_bucket(bucket: &str) -> Result<()> {
-    let ok = !bucket.is_empty()
-        && bucket.len() <= 255
-        && bucket.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let ok = !bucket.is_empty() && bucket.len() <= 255 && bucket.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if ok {
         Ok(())
     } else {
@@ -104,7 +102,14 @@ impl MemoryBackend {
 
     /// Plans kept by `kept` (files, to test what a restart or a damaged file does).
     pub fn with_kept(kept: KeptPlans) -> Arc<Self> {
-        Arc::new(MemoryBackend { mirrors: Mutex::default(), services: Mutex::default(), counted: Default::default(), writes: Mutex::default(), kept, reads: Default::default() })
+        Arc::new(MemoryBackend {
+            mirrors: Mutex::default(),
+            services: Mutex::default(),
+            counted: Default::default(),
+            writes: Mutex::default(),
+            kept,
+            reads: Default::default(),
+        })
     }
 
     /// The bucket's mirror, created empty and ready if missing.

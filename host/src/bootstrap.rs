@@ -38,7 +38,13 @@ pub struct Plan {
 
 impl Plan {
     /// The buckets of a mesh of `nodes` and `providers`, as `guest` names them.
-    pub async fn of(guest: &Guest, nodes: &[impl AsRef<str>], providers: &[impl AsRef<str>], flags: BucketFlags, limits: crate::runtime::Limits) -> Result<Plan> {
+    pub async fn of(
+        guest: &Guest,
+        nodes: &[impl AsRef<str>],
+        providers: &[impl AsRef<str>],
+        flags: BucketFlags,
+        limits: crate::runtime::Limits,
+    ) -> Result<Plan> {
         for name in nodes.iter().map(AsRef::as_ref).chain(providers.iter().map(AsRef::as_ref)) {
             if !plain_token(name) {
                 return Err(Error::new(ErrorKind::Config, format!("{name:?} is not a node or provider name (letters, digits, - and _, at most {MAX_NAME})")));

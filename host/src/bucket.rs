@@ -251,18 +251,15 @@ pub async fn stream_info(js: &jetstream::Context, bucket: &str) -> Result<Option
 pub async fn named_stream_info(js: &jetstream::Context, name: &str, what: &str) -> Result<Option<stream::Info>> {
     use async_nats::jetstream::context::GetStreamErrorKind;
     use async_nats::jetstream::ErrorCode;
-    bounded(
-        || format!("reading the stream of {what}"),
-        async {
-            match js.get_stream(name).await {
-                Ok(stream) => Ok(Some(stream.cached_info().clone())),
-                Err(e) => match e.kind() {
-                    GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
-                    _ => Err(Error::new(ErrorKind::Unavailable, format!("{what}: {e}"))),
-                },
-            }
-        },
-    )
+    bounded(|| format!("reading the stream of {what}"), async {
+        match js.get_stream(name).await {
+            Ok(stream) => Ok(Some(stream.cached_info().clone())),
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => Ok(None),
+                _ => Err(Error::new(ErrorKind::Unavailable, format!("{what}: {e}"))),
+            },
+        }
+    })
     .await
 }
 
@@ -393,9 +390,12 @@ mod tests {
         let other = stream::Config { subjects: vec!["mesh-provisioner.>".into()], ..made(b) };
         let mirror = stream::Config { mirror: Some(stream::Source { name: "KV_x".into(), ..Default::default() }), ..made(b) };
         let sourced = stream::Config { sources: Some(vec![stream::Source { name: "KV_y".into(), ..Default::default() }]), ..made(b) };
-        let republish = stream::Config { republish: Some(stream::Republish { source: ">".into(), destination: "leak.>".into(), headers_only: false }), ..made(b) };
+        let republish =
+            stream::Config { republish: Some(stream::Republish { source: ">".into(), destination: "leak.>".into(), headers_only: false }), ..made(b) };
         let no_history = stream::Config { max_messages_per_subject: 0, ..made(b) };
-        for (config, says) in [(wider, "captures"), (other, "captures"), (mirror, "mirrors"), (sourced, "sources"), (republish, "republishes"), (no_history, "history")] {
+        for (config, says) in
+            [(wider, "captures"), (other, "captures"), (mirror, "mirrors"), (sourced, "sources"), (republish, "republishes"), (no_history, "history")]
+        {
             match shape(b, &config) {
                 Shape::Refused(why) => assert!(why.contains(says) && why.contains("KV_composed-gamma"), "{why}"),
                 s => panic!("{says}: read as {s:?}"),
@@ -406,7 +406,8 @@ mod tests {
     #[test]
     fn names_each_unsafe_setting() {
         let b = "postgres_bound";
-        let old = stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, discard: stream::DiscardPolicy::Old, max_messages: 1000, ..made(b) };
+        let old =
+            stream::Config { allow_rollup: true, max_bytes: -1, max_message_size: -1, discard: stream::DiscardPolicy::Old, max_messages: 1000, ..made(b) };
         let Shape::Bucket { unsafe_settings } = shape(b, &old) else { panic!("refused") };
         assert_eq!(unsafe_settings.len(), 5, "{unsafe_settings:?}");
         assert!(unsafe_settings[0].contains("roll-ups") && unsafe_settings[1].contains("byte limit") && unsafe_settings[2].contains("value-size"));
@@ -432,7 +433,13 @@ mod tests {
         let bucket = needs.sourced_config(&["alpha", "beta"], share);
         assert!(bucket.subjects.is_empty(), "{:?}", bucket.subjects);
         let sources: Vec<(String, Option<String>)> = bucket.sources.iter().flatten().map(|s| (s.name.clone(), s.filter_subject.clone())).collect();
-        assert_eq!(sources, [("NODE_alpha".to_string(), Some("$KV.mesh-provisioner_needs.alpha.>".to_string())), ("NODE_beta".to_string(), Some("$KV.mesh-provisioner_needs.beta.>".to_string()))]);
+        assert_eq!(
+            sources,
+            [
+                ("NODE_alpha".to_string(), Some("$KV.mesh-provisioner_needs.alpha.>".to_string())),
+                ("NODE_beta".to_string(), Some("$KV.mesh-provisioner_needs.beta.>".to_string()))
+            ]
+        );
         // Room for both nodes' whole shares with their sourcing headers: it never fills first.
         assert_eq!(bucket.max_bytes, 2 * (2 * (1 << 20) + 100 * Share::SOURCE_OVERHEAD));
         assert!(!bucket.allow_rollup && bucket.max_messages_per_subject == 1 && bucket.duplicate_window < Duration::from_secs(1));
@@ -445,7 +452,10 @@ mod tests {
         let share = Share::default();
         let b = "mesh-provisioner_applied";
         let made = Spec::new(b, "test", 1, 1, Limits::default()).sourced_config(&["alpha"], share);
-        let source = |name: &str, filter: &str| stream::Config { sources: Some(vec![stream::Source { name: name.into(), filter_subject: Some(filter.into()), ..Default::default() }]), ..made.clone() };
+        let source = |name: &str, filter: &str| stream::Config {
+            sources: Some(vec![stream::Source { name: name.into(), filter_subject: Some(filter.into()), ..Default::default() }]),
+            ..made.clone()
+        };
         for (config, says) in [
             (source("NODE_alpha", "$KV.mesh-provisioner_applied.beta.>"), "NODE_alpha"),
             (source("NODE_alpha", "$KV.mesh-provisioner_applied.>"), "NODE_alpha"),

@@ -111,7 +111,7 @@ impl Changes {
 /// Used by every task that follows changes (plans, module states):
 ///
 /// ```text
-/// while let Some(batch) = work.next() { call the guest: answered(rest) / guest_failed / left }
+/// while let Some(batch) = work.take_batch() { call the guest: answered(rest) / guest_failed / left }
 /// ```
 #[derive(Default)]
 pub struct Split {
@@ -125,7 +125,7 @@ impl Split {
     }
 
     /// The next batch to hand to the guest.
-    pub fn next(&mut self) -> Option<Vec<Change>> {
+    pub fn take_batch(&mut self) -> Option<Vec<Change>> {
         while let Some(batch) = self.work.pop() {
             if !batch.is_empty() {
                 return Some(batch);
@@ -227,7 +227,7 @@ mod tests {
         let bad = change("b", Some("k3"));
         let mut work = Split::new(batch);
         let (mut answered, mut calls) = (Vec::new(), 0);
-        while let Some(batch) = work.next() {
+        while let Some(batch) = work.take_batch() {
             calls += 1;
             if batch.contains(&bad) {
                 work.guest_failed(batch, "trapped".into());
@@ -246,9 +246,9 @@ mod tests {
     #[test]
     fn a_host_failure_hands_back_everything_not_answered() {
         let mut work = Split::new(vec![change("b", Some("k0")), change("b", Some("k1"))]);
-        let first = work.next().unwrap();
+        let first = work.take_batch().unwrap();
         work.guest_failed(first, "deadline".into());
-        let half = work.next().unwrap();
+        let half = work.take_batch().unwrap();
         let mut left = work.left(half);
         left.sort();
         assert_eq!(left, vec![change("b", Some("k0")), change("b", Some("k1"))]);

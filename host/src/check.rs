@@ -19,8 +19,7 @@ pub async fn registry(component: &Path) -> Result<()> {
 /// wasm, compiles, fits the WIT world, names itself and compiles its registry within tight limits.
 pub async fn check(component: &Path) -> Result<()> {
     let runtime = Runtime::new()?;
-    let bytes = std::fs::read(component)
-        .map_err(|e| crate::error::Error::new(crate::error::ErrorKind::Config, format!("{}: {e}", component.display())))?;
+    let bytes = std::fs::read(component).map_err(|e| crate::error::Error::new(crate::error::ErrorKind::Config, format!("{}: {e}", component.display())))?;
     let loaded = crate::reload::prepare(&runtime, &bytes, None, Limits::default()).await?;
     let rows = loaded.guest.compile_registry(MemoryBackend::new(), crate::reload::smoke_limits(Limits::default())).await?;
     let info = &loaded.info;

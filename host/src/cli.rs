@@ -13,6 +13,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of its biggest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Holds the seat: mirrors the buckets, reconciles the registry and serves the verbs.

@@ -67,7 +67,9 @@ impl<'a> Login<'a> {
             (Some(path), None, None, None, None) => Ok(Login::Creds(path)),
             (None, Some(path), None, None, None) => Ok(Login::Nkey(path)),
             (None, None, Some(user), Some(password), None) => Ok(Login::User(user, password)),
-            (None, None, Some(_), None, None) => Err(Error::new(ErrorKind::Config, "--user needs --password-file (or --password, or MESH_PROVISIONER_PASSWORD)")),
+            (None, None, Some(_), None, None) => {
+                Err(Error::new(ErrorKind::Config, "--user needs --password-file (or --password, or MESH_PROVISIONER_PASSWORD)"))
+            }
             (None, None, None, Some(_), None) => Err(Error::new(ErrorKind::Config, "a password needs --user")),
             (None, None, None, None, Some(token)) => Ok(Login::Token(token)),
             (None, None, None, None, None) => Ok(Login::Anonymous),
@@ -169,10 +171,7 @@ fn check_inbox(inbox: &str) -> Result<()> {
 /// Connects to `url` (a comma-separated list for a cluster) with `options`.
 pub async fn connect(url: &str, options: ConnectOptions) -> Result<Client> {
     let urls: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
-    options
-        .connect(urls.as_slice())
-        .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("connecting to {}: {e}", redact_url(url))))
+    options.connect(urls.as_slice()).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("connecting to {}: {e}", redact_url(url))))
 }
 
 /// Connects as the flags say, or to the embedded server as the provisioner's user.
@@ -194,7 +193,8 @@ pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Cli
     // The record names where to send a password: trusted only from a directory no one else
     // could have planted it in.
     crate::trust::state_dir_is_private(&c.state_dir).map_err(|why| Error::new(ErrorKind::Config, why))?;
-    crate::trust::owned_and_private(&Access::path(&c.state_dir)).map_err(|why| Error::new(ErrorKind::Config, format!("the embedded server's record refused: {why}")))?;
+    crate::trust::owned_and_private(&Access::path(&c.state_dir))
+        .map_err(|why| Error::new(ErrorKind::Config, format!("the embedded server's record refused: {why}")))?;
     let access = Access::load(&c.state_dir)?;
     if access.password(user).is_none() {
         return Err(Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")));

@@ -32,12 +32,7 @@ pub struct Current {
 
 impl Current {
     pub fn new(loaded: Loaded) -> Arc<Self> {
-        Arc::new(Current {
-            slot: RwLock::new(Arc::new(loaded)),
-            refusals: Mutex::new((0, None)),
-            swaps: Mutex::new(0),
-            changed: watch::channel(0).0,
-        })
+        Arc::new(Current { slot: RwLock::new(Arc::new(loaded)), refusals: Mutex::new((0, None)), swaps: Mutex::new(0), changed: watch::channel(0).0 })
     }
 
     pub fn get(&self) -> Arc<Loaded> {

@@ -56,8 +56,18 @@ pub async fn write(access: &Access) -> Result<()> {
 /// wanted at a refused build last, so it is held on the plan kept from w3 (its have).
 const OWNED: &[(&str, &str, &str, &str)] = &[
     ("provider-postgres", "postgres_bound", "alpha.app.db", r#"{"host":"alpha","port":5432,"database":"app"}"#),
-    ("node-alpha", "composed-alpha", "app.b7", r#"{"state":"published","plan":{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"secret","name":"db_password","part":"api"},{"kind":"bound","name":"postgres.db","part":"api"},{"kind":"dir","name":"state","part":"api"}],"dirs":[{"name":"state","unknown_files":"keep"}]}}"#),
-    ("node-beta", "composed-beta", "web.w3", r#"{"state":"published","plan":{"parts":["site"],"needs":[{"kind":"port","name":"http","part":"site"},{"kind":"config","name":"base_url","part":"site"}],"dirs":[]}}"#),
+    (
+        "node-alpha",
+        "composed-alpha",
+        "app.b7",
+        r#"{"state":"published","plan":{"parts":["api"],"needs":[{"kind":"config","name":"db.url","part":"api"},{"kind":"secret","name":"db_password","part":"api"},{"kind":"bound","name":"postgres.db","part":"api"},{"kind":"dir","name":"state","part":"api"}],"dirs":[{"name":"state","unknown_files":"keep"}]}}"#,
+    ),
+    (
+        "node-beta",
+        "composed-beta",
+        "web.w3",
+        r#"{"state":"published","plan":{"parts":["site"],"needs":[{"kind":"port","name":"http","part":"site"},{"kind":"config","name":"base_url","part":"site"}],"dirs":[]}}"#,
+    ),
     ("node-beta", "composed-beta", "web.w4", r#"{"state":"refused","reason":"part `site` declares ${port:http} twice"}"#),
     ("mesh-controller", "mesh-controller_assignments", "alpha.app", r#"{"want":"b7"}"#),
     ("mesh-indexer", "mesh-indexer_builds", "app", r#"{"newest":"b7"}"#),

@@ -58,8 +58,8 @@ impl Access {
 
     pub fn load(state_dir: &Path) -> Result<Access> {
         let path = Self::path(state_dir);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::new(ErrorKind::Config, format!("no embedded server recorded at {}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| Error::new(ErrorKind::Config, format!("no embedded server recorded at {}: {e}", path.display())))?;
         serde_json::from_str(&text).map_err(|e| Error::new(ErrorKind::Config, format!("{} is unreadable: {e}", path.display())))
     }
 }
@@ -72,10 +72,8 @@ const BCRYPT_COST: u32 = 6;
 /// config holds each password's bcrypt hash (`$2a$…`, which nats-server checks), never the
 /// password: the passwords live only in the state directory's private record.
 pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], cluster: &str) -> Result<String> {
-    let mut conf = SERVER_CONF
-        .replace("{{PORT}}", &port.to_string())
-        .replace("{{STORE_DIR}}", &store_dir.display().to_string())
-        .replace("{{CLUSTER}}", cluster);
+    let mut conf =
+        SERVER_CONF.replace("{{PORT}}", &port.to_string()).replace("{{STORE_DIR}}", &store_dir.display().to_string()).replace("{{CLUSTER}}", cluster);
     for (placeholder, user) in USERS {
         let password = passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str()).unwrap_or("");
         let hash = bcrypt::hash_with_result(password, BCRYPT_COST)
@@ -140,9 +138,8 @@ impl Server {
         let mut command = Command::new("nats-server");
         command.arg("-c").arg(&conf_path).stdout(Stdio::null()).stderr(log).kill_on_drop(true);
         die_with_this_process(&mut command);
-        let child = command
-            .spawn()
-            .map_err(|e| Error::new(ErrorKind::Config, format!("starting nats-server (is it on PATH? scripts/setup installs it): {e}")))?;
+        let child =
+            command.spawn().map_err(|e| Error::new(ErrorKind::Config, format!("starting nats-server (is it on PATH? scripts/setup installs it): {e}")))?;
         let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords };
         let mut server = Server { child, access, port };
         server.wait_ready(Duration::from_secs(20)).await?;

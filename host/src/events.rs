@@ -83,10 +83,7 @@ impl Events {
 
     /// Takes every event waiting, in key order.
     pub fn take(&self) -> Vec<ValueEvent> {
-        std::mem::take(&mut self.lock().events)
-            .into_iter()
-            .map(|((bucket, key), (revision, deleted))| ValueEvent { bucket, key, revision, deleted })
-            .collect()
+        std::mem::take(&mut self.lock().events).into_iter().map(|((bucket, key), (revision, deleted))| ValueEvent { bucket, key, revision, deleted }).collect()
     }
 
     /// Events dropped because too many waited.

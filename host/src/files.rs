@@ -24,12 +24,7 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn write_private_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let tmp = unique_beside(path)?;
     let written = (|| {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp)?;
         let mut buffered = std::io::BufWriter::with_capacity(1 << 20, f);
         write(&mut buffered)?;
         let f = buffered.into_inner().map_err(|e| e.into_error())?;
@@ -76,7 +71,11 @@ mod tests {
         write_private(&path, b"again").unwrap();
         assert!(!elsewhere.exists());
         // No temporary file is left behind.
-        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp") && e.file_name() != "signing.tmp").collect();
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp") && e.file_name() != "signing.tmp")
+            .collect();
         assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -241,7 +241,9 @@ fn probe_routes(http: Arc<Http>, options: &Arc<Options>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "5")], "every connection is taken: this one answers only /healthz, /readyz and /metrics\n") })
+        .fallback(|| async {
+            (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "5")], "every connection is taken: this one answers only /healthz, /readyz and /metrics\n")
+        })
         .with_state(http)
         .layer(axum::middleware::from_fn_with_state(options.clone(), guard))
 }
@@ -265,7 +267,10 @@ pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: 
     let probes = probe_routes(http, &options);
     let connections = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
     let reserve = Arc::new(tokio::sync::Semaphore::new(PROBE_RESERVE));
-    accept(listener, &options, |_| connections.clone().try_acquire_owned().ok().map(|p| (p, app.clone())).or_else(|| reserve.clone().try_acquire_owned().ok().map(|p| (p, probes.clone())))).await
+    accept(listener, &options, |_| {
+        connections.clone().try_acquire_owned().ok().map(|p| (p, app.clone())).or_else(|| reserve.clone().try_acquire_owned().ok().map(|p| (p, probes.clone())))
+    })
+    .await
 }
 
 /// Serves only `/healthz`, `/readyz` and `/metrics` on a listener of their own

@@ -100,9 +100,8 @@ impl KeptPlans {
             return self.load(node, module);
         };
         let shown = path.display().to_string();
-        let read = tokio::task::spawn_blocking(move || std::fs::read(&path))
-            .await
-            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading {shown}: {e}")))?;
+        let read =
+            tokio::task::spawn_blocking(move || std::fs::read(&path)).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading {shown}: {e}")))?;
         let bytes = match read {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -213,11 +212,7 @@ impl KeptPlans {
 /// only that each be one plain file name: not empty, `.` or `..`, without `/` or NUL, and short
 /// enough for the file system (`<module>.plan` included).
 fn check_name(what: &str, name: &str, suffix: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\0'])
-        && name.len() + suffix.len() <= MAX_FILE_NAME;
+    let ok = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0']) && name.len() + suffix.len() <= MAX_FILE_NAME;
     if ok {
         Ok(())
     } else {
@@ -256,7 +251,10 @@ fn room_for(path: &Path, most: usize) -> std::io::Result<()> {
     if path.exists() {
         return Ok(());
     }
-    let held = path.parent().and_then(|d| std::fs::read_dir(d).ok()).map_or(0, |d| d.flatten().filter(|f| f.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX))).count());
+    let held = path
+        .parent()
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .map_or(0, |d| d.flatten().filter(|f| f.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX))).count());
     if held >= most {
         return Err(std::io::Error::other(format!("the node has {held} kept plans, the most kept for one node (--kept-plans-per-node)")));
     }

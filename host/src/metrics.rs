@@ -234,13 +234,33 @@ impl Metrics {
         registry.register("module_state_oldest_seconds", "Seconds the longest-held module of each state has been in it (its state record's since), as of the last scrape; a state no module has recorded is absent", m.modules_oldest.clone());
         registry.register("plans_computed", "Plans computed by plan refreshes, by the state they came to (planned, held, waiting)", m.plans_computed.clone());
         registry.register("plan_refreshes", "Plan refreshes made (each a guest call over a batch of changes)", m.plans_refreshed.clone());
-        registry.register("reply_cache_lookups", "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)", m.reply_cache.clone());
-        registry.register("reply_cache_carried", "Kept replies served again after writes to a bucket they read that touched none of the keys they read (their revision rewritten to the bucket's)", m.reply_cache_carried.clone());
+        registry.register(
+            "reply_cache_lookups",
+            "Verb requests looked up in the reply cache, by outcome (hit: the guest was not called)",
+            m.reply_cache.clone(),
+        );
+        registry.register(
+            "reply_cache_carried",
+            "Kept replies served again after writes to a bucket they read that touched none of the keys they read (their revision rewritten to the bucket's)",
+            m.reply_cache_carried.clone(),
+        );
         registry.register("reply_cache_stale", "Replies not served from the reply cache, by why: the first thing a kept reply read that changed since (a bucket, kept plans, discovery, once, backend), or why one was not kept", m.reply_cache_stale.clone());
         registry.register("scrape_state_seconds", "Time the last scrape took to read the state it reports", m.scrape_seconds.clone());
-        registry.register("refused_replies", "Requests not answered because their reply subject is not an inbox, by endpoint ($SRV: discovery)", m.refused_replies.clone());
-        registry.register("bucket_refused", "1 while a bucket is not read: its stream is not a bucket, or its mirror would pass the memory budget", m.bucket_refused.clone());
-        registry.register("bucket_unsafe_settings", "Settings of a bucket's stream that let one writer remove or crowd out another's keys (roll-ups, no byte or value-size limit)", m.bucket_unsafe.clone());
+        registry.register(
+            "refused_replies",
+            "Requests not answered because their reply subject is not an inbox, by endpoint ($SRV: discovery)",
+            m.refused_replies.clone(),
+        );
+        registry.register(
+            "bucket_refused",
+            "1 while a bucket is not read: its stream is not a bucket, or its mirror would pass the memory budget",
+            m.bucket_refused.clone(),
+        );
+        registry.register(
+            "bucket_unsafe_settings",
+            "Settings of a bucket's stream that let one writer remove or crowd out another's keys (roll-ups, no byte or value-size limit)",
+            m.bucket_unsafe.clone(),
+        );
         registry.register("writer_over_quota_keys", "Keys held by a writer (a node) of a node clients' bucket past its quota", m.writer_keys.clone());
         registry.register("writer_over_quota_bytes", "Bytes held by a writer (a node) of a node clients' bucket past its quota", m.writer_bytes.clone());
         registry.register("stream_captures", "1 for each stream that captures a subject the provisioner answers or publishes on", m.stream_captures.clone());
@@ -251,11 +271,23 @@ impl Metrics {
         registry.register("state_events", "Module state changes published on mesh-provisioner.event.<node>, by the state entered", m.state_events.clone());
         registry.register("state_records", "Module state records written (a change, or a module first seen)", m.state_records.clone());
         registry.register("state_record_conflicts", "State records whose compare-and-set lost (found again, nothing published)", m.state_conflicts.clone());
-        registry.register("state_sweeps", "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)", m.state_sweeps.clone());
+        registry.register(
+            "state_sweeps",
+            "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)",
+            m.state_sweeps.clone(),
+        );
         registry.register("bus_disconnects", "Times a connection to the bus was lost, by connection (buckets, seat, serving)", m.bus_disconnects.clone());
-        registry.register("state_dir_bytes", "Bytes of the files in the state directory (kept plans, snapshots, components), as of the last prune round", m.state_dir_bytes.clone());
+        registry.register(
+            "state_dir_bytes",
+            "Bytes of the files in the state directory (kept plans, snapshots, components), as of the last prune round",
+            m.state_dir_bytes.clone(),
+        );
         registry.register("kept_plans", "Plans kept in the state directory, as of the last prune round", m.kept_plans.clone());
-        registry.register("status_nodes_cut", "Nodes with more modules than the status page and the module metrics show of one node (the first 10 000 are)", m.status_nodes_cut.clone());
+        registry.register(
+            "status_nodes_cut",
+            "Nodes with more modules than the status page and the module metrics show of one node (the first 10 000 are)",
+            m.status_nodes_cut.clone(),
+        );
         Metrics { registry, ..m }
     }
 

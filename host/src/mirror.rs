@@ -25,14 +25,14 @@ mod reach;
 mod table;
 
 use crate::sync::{Locked, ReadWrite};
-use std::collections::HashMap;
-use std::ops::Bound;
-use table::{Slot, Table};
-pub use table::Sorted;
 pub use log::Log;
 pub use reach::Reach;
+use std::collections::HashMap;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+pub use table::Sorted;
+use table::{Slot, Table};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -917,7 +917,9 @@ pub fn matches(pattern: &[&str], key: &str) -> bool {
 /// wildcards only in filters, `>` only last. Every key of a replay and of a snapshot passes
 /// here: each token is read once, byte by byte, and judged in the order the reasons are given.
 pub fn check_subject(s: &str, filter: bool) -> Result<()> {
-    let bad = |why: &str| Err(Error::new(ErrorKind::Invalid, format!("{} {:?}: {why}", if filter { "filter" } else { "key" }, s.chars().take(80).collect::<String>())));
+    let bad = |why: &str| {
+        Err(Error::new(ErrorKind::Invalid, format!("{} {:?}: {why}", if filter { "filter" } else { "key" }, s.chars().take(80).collect::<String>())))
+    };
     if s.is_empty() || s.len() > MAX_SUBJECT {
         return bad("empty or too long");
     }

@@ -91,7 +91,7 @@ pub struct Followed {
 pub async fn refresh_through(guest: &Guest, backend: &Arc<dyn Backend>, limits: Limits, batch: Vec<Change>) -> Result<Followed, (Vec<Change>, String)> {
     let mut followed = Followed::default();
     let mut work = Split::new(batch);
-    while let Some(batch) = work.next() {
+    while let Some(batch) = work.take_batch() {
         match refresh_once(guest, backend, limits, &batch).await {
             Ok((computed, rest, retry)) => {
                 followed.computed += computed;

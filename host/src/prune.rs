@@ -56,28 +56,27 @@ impl Pruner {
         let mut removed = Vec::new();
         let mut still = HashMap::new();
         for (node, module) in listed {
-            match self.named(&node, &module).await {
-                Some(false) => {
-                    let since = self.unnamed.get(&(node.clone(), module.clone())).copied().unwrap_or(now);
-                    if now.duration_since(since) >= self.grace {
-                        match kept.remove(&node, &module) {
-                            Ok(()) => {
-                                tracing::info!(node = %crate::visible::visible(&node), module = %crate::visible::visible(&module), "kept plan removed: no source names the module any more");
-                                removed.push((node, module));
-                            }
-                            Err(e) => tracing::warn!("{e}"),
-                        }
-                    } else {
-                        still.insert((node, module), since);
-                    }
+            // Named, or not known now: kept, and its grace starts again.
+            if self.named(&node, &module).await != Some(false) {
+                continue;
+            }
+            let since = self.unnamed.get(&(node.clone(), module.clone())).copied().unwrap_or(now);
+            if now.duration_since(since) < self.grace {
+                still.insert((node, module), since);
+                continue;
+            }
+            match kept.remove(&node, &module) {
+                Ok(()) => {
+                    tracing::info!(node = %crate::visible::visible(&node), module = %crate::visible::visible(&module), "kept plan removed: no source names the module any more");
+                    removed.push((node, module));
                 }
-                // Named, or not known now: kept, and its grace starts again.
-                Some(true) | None => {}
+                Err(e) => tracing::warn!("{e}"),
             }
         }
         self.unnamed = still;
         let dir = self.state_dir.clone();
-        let (bytes, plans) = tokio::task::spawn_blocking(move || (size_of(&dir), crate::kept::KeptPlans::files(dir.join("plans")).list().len())).await.unwrap_or_default();
+        let (bytes, plans) =
+            tokio::task::spawn_blocking(move || (size_of(&dir), crate::kept::KeptPlans::files(dir.join("plans")).list().len())).await.unwrap_or_default();
         let m = crate::metrics::metrics();
         m.state_dir_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         m.kept_plans.set(i64::try_from(plans).unwrap_or(i64::MAX));
@@ -88,7 +87,8 @@ impl Pruner {
     async fn named(&self, node: &str, module: &str) -> Option<bool> {
         let loaded = self.shared.current.get();
         let q = serde_json::json!({"what": "status", "node": node, "module": module, "limit": 1});
-        let reply = loaded.guest.handle(self.shared.backend.clone(), self.shared.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), BUDGET).await.ok()?;
+        let reply =
+            loaded.guest.handle(self.shared.backend.clone(), self.shared.limits, crate::service::PROVISIONING, q.to_string().as_bytes(), BUDGET).await.ok()?;
         if reply.code != ReplyCode::Ok {
             return None;
         }

@@ -19,22 +19,13 @@ pub async fn ask(client: &async_nats::Client, verb: &str, body: &Value, timeout:
 /// [`ErrorKind::Invalid`] error.
 pub async fn ask_bytes(client: &async_nats::Client, verb: &str, body: &Value, timeout: std::time::Duration) -> Result<bytes::Bytes> {
     let req = async_nats::Request::new().payload(body.to_string().into()).timeout(Some(timeout));
-    let msg = client
-        .send_request(verb.to_string(), req)
-        .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {verb}: {e}")))?;
-    let v: Value = serde_json::from_slice(&msg.payload)
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))?;
+    let msg = client.send_request(verb.to_string(), req).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("asking {verb}: {e}")))?;
+    let v: Value = serde_json::from_slice(&msg.payload).map_err(|e| Error::new(ErrorKind::Unavailable, format!("the reply is not JSON: {e}")))?;
     let status = msg.headers.as_ref().and_then(|h| h.get(crate::service::ERROR_CODE_HEADER)).map(|c| c.to_string());
     if let Some(err) = v.get("error") {
         return Err(Error::new(
             ErrorKind::Invalid,
-            format!(
-                "{} ({}): {}",
-                err["code"].as_str().unwrap_or("error"),
-                status.as_deref().unwrap_or("no status"),
-                err["message"].as_str().unwrap_or("")
-            ),
+            format!("{} ({}): {}", err["code"].as_str().unwrap_or("error"), status.as_deref().unwrap_or("no status"), err["message"].as_str().unwrap_or("")),
         ));
     }
     Ok(msg.payload)
@@ -187,7 +178,15 @@ pub fn holders_table(reply: &Value) -> String {
             (None, Some(b)) => format!("{b} {}", h["key"].as_str().or(h["filter"].as_str()).unwrap_or("")),
             _ => String::new(),
         };
-        rows.push(vec![text(&h["node"]), text(&h["module"]), text(&h["state"]), text(&h["applied_revision"]), text(&h["revision"]), place, cut(&text(&h["reason"]), 70)]);
+        rows.push(vec![
+            text(&h["node"]),
+            text(&h["module"]),
+            text(&h["state"]),
+            text(&h["applied_revision"]),
+            text(&h["revision"]),
+            place,
+            cut(&text(&h["reason"]), 70),
+        ]);
     }
     render(&rows)
 }
@@ -291,7 +290,13 @@ pub fn status_table(reply: &Value, needs: bool, colour: bool) -> String {
                     (None, Some(c)) => format!(" ({c} responder(s))"),
                     _ => String::new(),
                 };
-                under.push(format!("    {}:{}  {}{detail}  {place}  {}", text(&n["kind"]), text(&n["name"]), paint(n["check"].as_str().unwrap_or("")), text(&n["reason"])));
+                under.push(format!(
+                    "    {}:{}  {}{detail}  {place}  {}",
+                    text(&n["kind"]),
+                    text(&n["name"]),
+                    paint(n["check"].as_str().unwrap_or("")),
+                    text(&n["reason"])
+                ));
             }
         }
         lines.push(under);
@@ -363,10 +368,7 @@ pub fn plan_table(reply: &Value) -> String {
         out.push_str(&format!(" ({r})"));
     }
     out.push('\n');
-    let builds: Vec<String> = ["want", "have", "newest"]
-        .iter()
-        .filter_map(|f| reply[*f].as_str().map(|b| format!("{f} {b}")))
-        .collect();
+    let builds: Vec<String> = ["want", "have", "newest"].iter().filter_map(|f| reply[*f].as_str().map(|b| format!("{f} {b}"))).collect();
     out.push_str(&format!("builds: {}\n", if builds.is_empty() { "none known".into() } else { builds.join(", ") }));
     for e in reply["entries"].as_array().into_iter().flatten() {
         let roles: Vec<String> = e["as"].as_array().into_iter().flatten().map(text).collect();

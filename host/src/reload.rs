@@ -15,8 +15,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::backend::MemoryBackend;
 use crate::current::{Loaded, Refusal};
 use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::{Limits, Runtime};
 use crate::reconciler::Reconciler;
+use crate::runtime::{Limits, Runtime};
 
 /// How often the component path is looked at.
 const POLL: Duration = Duration::from_millis(200);
@@ -157,7 +157,13 @@ impl Reloader {
 
 /// Reads (as trusted code: see [`crate::trust`]), compiles (or takes from `cache`),
 /// type-checks and smoke-runs a component.
-pub async fn load(runtime: &Runtime, path: &std::path::Path, cache: Option<&std::path::Path>, trust: Option<&crate::trust::TrustKey>, limits: Limits) -> Result<Loaded> {
+pub async fn load(
+    runtime: &Runtime,
+    path: &std::path::Path,
+    cache: Option<&std::path::Path>,
+    trust: Option<&crate::trust::TrustKey>,
+    limits: Limits,
+) -> Result<Loaded> {
     let (bytes, signed) = crate::trust::read_component(path, trust)?;
     let started = std::time::Instant::now();
     let loaded = accept(trust, signed.as_deref(), prepare(runtime, &bytes, cache, limits).await?)?;

@@ -60,7 +60,18 @@ impl Seat {
         } else {
             ttl
         };
-        Ok(Arc::new(Seat { js: js.clone(), config, kv, instance, ttl, max_age, lease: Mutex::new(None), observed: Mutex::new(None), held: watch::channel(false).0, terms: Default::default() }))
+        Ok(Arc::new(Seat {
+            js: js.clone(),
+            config,
+            kv,
+            instance,
+            ttl,
+            max_age,
+            lease: Mutex::new(None),
+            observed: Mutex::new(None),
+            held: watch::channel(false).0,
+            terms: Default::default(),
+        }))
     }
 
     /// Makes the seat's bucket again if the bus lost it (a server restarted with an empty
@@ -101,9 +112,7 @@ impl Seat {
     }
 
     fn value(&self) -> bytes::Bytes {
-        json!({"instance": self.instance, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64})
-            .to_string()
-            .into()
+        json!({"instance": self.instance, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
     }
 
     fn hold(&self, revision: u64, sent: Instant) {
@@ -176,7 +185,11 @@ impl Seat {
         match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
             Ok(Ok(rev)) => {
                 let shown: String = String::from_utf8_lossy(&entry.value).chars().take(120).collect();
-                tracing::warn!(instance = self.instance, revision = entry.revision, "a value that is no lease was written on the seat's key (a reply aimed there?): written over: {shown}");
+                tracing::warn!(
+                    instance = self.instance,
+                    revision = entry.revision,
+                    "a value that is no lease was written on the seat's key (a reply aimed there?): written over: {shown}"
+                );
                 self.hold(rev, sent);
                 true
             }
@@ -303,7 +316,13 @@ mod tests {
     #[test]
     fn a_lease_is_what_a_holder_writes_and_nothing_else() {
         assert!(is_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#));
-        for not in [&br#"{"type":"io.nats.jetstream.api.v1.account_info_response","memory":0}"#[..], b"", b"garbage", br#"{"instance":"h-1"}"#, br#"{"instance":7,"ttl_ms":1}"#] {
+        for not in [
+            &br#"{"type":"io.nats.jetstream.api.v1.account_info_response","memory":0}"#[..],
+            b"",
+            b"garbage",
+            br#"{"instance":"h-1"}"#,
+            br#"{"instance":7,"ttl_ms":1}"#,
+        ] {
             assert!(!is_lease(not), "{}", String::from_utf8_lossy(not));
         }
     }

@@ -73,7 +73,13 @@ pub async fn run(args: Serve) -> Result<()> {
     let state = crate::http::Http::new(opened.clone(), args.status_page_per_node);
     let options_for = |listener: &tokio::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
-        Ok::<_, Error>(crate::http::Options::new(bound, &args.http_allow_hosts, args.http_header_timeout, args.http_request_timeout, args.http_max_connections as usize))
+        Ok::<_, Error>(crate::http::Options::new(
+            bound,
+            &args.http_allow_hosts,
+            args.http_header_timeout,
+            args.http_request_timeout,
+            args.http_max_connections as usize,
+        ))
     };
     if let Some(listener) = http {
         let options = options_for(&listener)?;
@@ -134,7 +140,11 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         if args.demo {
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
-        let client = connect::connect(url, connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
+        let client = connect::connect(
+            url,
+            connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event),
+        )
+        .await?;
         let seat = connect::connect(url, connect::options(&args.connect, "mesh-provisioner-seat").await?.event_callback(on_seat_event)).await?;
         let service_options = match Login::of_service(&args.service)? {
             Some(login) => {
@@ -163,9 +173,17 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
         "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
         state.display()
     );
-    let client = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner").subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event)).await?;
-    let seat = connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat").event_callback(on_seat_event)).await?;
-    let service = connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
+    let client = connect::connect(
+        &access.url,
+        connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner")
+            .subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY)
+            .event_callback(on_event),
+    )
+    .await?;
+    let seat =
+        connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat").event_callback(on_seat_event)).await?;
+    let service =
+        connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
     Ok((Bus { client, seat, service }, Some(server), events))
 }
 
@@ -232,12 +250,8 @@ fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runt
     handles.push(reconciling);
     handles.push(tokio::spawn(crate::plans::follow(o.clone())));
     handles.push(tokio::spawn(crate::prune::Pruner::new(o.clone(), args.connect.state_dir.clone(), args.kept_plan_grace).run()));
-    handles.push(tokio::spawn(
-        crate::notices::Notifier { shared: o.clone() }.run(),
-    ));
-    handles.push(tokio::spawn(
-        crate::states::Recorder { shared: o.clone(), sweep_every: args.state_sweep_every }.run(),
-    ));
+    handles.push(tokio::spawn(crate::notices::Notifier { shared: o.clone() }.run()));
+    handles.push(tokio::spawn(crate::states::Recorder { shared: o.clone(), sweep_every: args.state_sweep_every }.run()));
 
     let (stop_tx, stop) = watch::channel(false);
     handles.push(tokio::spawn(async move {
@@ -332,11 +346,7 @@ async fn serve_while_held(args: &Serve, o: &Shared, tasks: &Tasks, embedded: Opt
                 _ = async { while !*stop_now.borrow_and_update() { if stop_now.changed().await.is_err() { break } } } => {},
             }
         };
-        let serving = crate::service::Serving {
-            shared: o.clone(),
-            max_in_flight: args.max_in_flight as usize,
-            audits: tasks.audits.clone(),
-        };
+        let serving = crate::service::Serving { shared: o.clone(), max_in_flight: args.max_in_flight as usize, audits: tasks.audits.clone() };
         crate::service::serve(serving, until).await?;
     }
 }

@@ -209,7 +209,11 @@ impl Micro {
         }
         if logged.0.len() < REFUSALS_LOGGED && logged.0.insert(requester.to_string()) {
             let shown: String = reply.chars().take(256).collect();
-            tracing::warn!(endpoint = name, reply = shown, "a request asked for its reply on a subject that is not an inbox: not answered (further ones from {requester:?} are counted, not logged)");
+            tracing::warn!(
+                endpoint = name,
+                reply = shown,
+                "a request asked for its reply on a subject that is not an inbox: not answered (further ones from {requester:?} are counted, not logged)"
+            );
         }
         false
     }

@@ -27,10 +27,10 @@ mod load;
 
 pub use load::Took;
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -316,7 +316,8 @@ mod tests {
         // The bus stores what a node wrote: wildcards, control bytes, empty tokens, U+FFFD.
         let dir = tempfile::tempdir().unwrap();
         let snaps = Snapshots::new(dir.path().to_path_buf());
-        let odd = [("alpha.*.config.x", 1, "1"), ("alpha.>", 2, "2"), ("alpha.\u{1}\u{1b}[2J.config.y", 3, "3"), ("alpha..x", 4, "4"), ("alpha.\u{FFFD}", 5, "5")];
+        let odd =
+            [("alpha.*.config.x", 1, "1"), ("alpha.>", 2, "2"), ("alpha.\u{1}\u{1b}[2J.config.y", 3, "3"), ("alpha..x", 4, "4"), ("alpha.\u{FFFD}", 5, "5")];
         let m = mirror_with(&odd, &[("alpha.\u{7}", 6)]);
         snaps.save("needs", &m).unwrap().expect("saved");
         let back = Mirror::new();
@@ -449,8 +450,11 @@ mod tests {
         file
     }
 
+    /// What a parse made: entries (key, revision, value), markers (key, revision), revision.
+    type Parsed = (Vec<(String, u64, Vec<u8>)>, Vec<(String, u64)>, u64);
+
     /// The entries and markers a parse of `body` fed in pieces of `sizes` (round and round) made.
-    fn parsed_in_pieces(body: &[u8], sizes: &[usize]) -> std::result::Result<(Vec<(String, u64, Vec<u8>)>, Vec<(String, u64)>, u64), String> {
+    fn parsed_in_pieces(body: &[u8], sizes: &[usize]) -> std::result::Result<Parsed, String> {
         let mut parse = load::Parse::new("b", body.len() as u64);
         let (mut at, mut i) = (0, 0);
         while at < body.len() {
@@ -474,7 +478,11 @@ mod tests {
         let m = Mirror::new();
         // Small records, values longer than the first join (8 KiB) and than a chunk.
         for i in 0..300u64 {
-            let len = match i % 50 { 7 => 20_000, 31 => load::CHUNK + 3, _ => (i % 13) as usize };
+            let len = match i % 50 {
+                7 => 20_000,
+                31 => load::CHUNK + 3,
+                _ => (i % 13) as usize,
+            };
             m.put(&format!("n{}.m{i:03}.config.k", i % 3), i + 1, &vec![b'a' + (i % 26) as u8; len]);
         }
         m.delete("n1.zz.config.gone", 400);

@@ -129,7 +129,7 @@ impl Recorder {
     async fn through(&self, guest: &crate::runtime::Guest, limits: Limits, batch: Vec<Change>) -> Vec<Change> {
         let mut again = Vec::new();
         let mut work = Split::new(batch);
-        while let Some(batch) = work.next() {
+        while let Some(batch) = work.take_batch() {
             if !self.shared.seat.is_held() {
                 break;
             }
@@ -240,5 +240,4 @@ mod tests {
         assert_eq!(label("Pending\n"), "other");
         assert_eq!(label(&"x".repeat(33)), "other");
     }
-
 }

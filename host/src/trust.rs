@@ -55,7 +55,12 @@ pub fn state_dir_is_private(dir: &Path) -> std::result::Result<(), String> {
     owned_and_private(dir).map_err(|why| format!("state directory refused: {why} (chown it to this user and chmod 700 {})", dir.display()))?;
     let mode = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?.mode();
     if mode & 0o077 != 0 {
-        return Err(format!("state directory {} may be read or entered by group or others (mode {:04o}): chmod 700 {}", dir.display(), mode & 0o7777, dir.display()));
+        return Err(format!(
+            "state directory {} may be read or entered by group or others (mode {:04o}): chmod 700 {}",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -256,7 +261,12 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<(Vec<u8>, O
         return Err(refuse(format!("component {} is not a regular file; refusing it", path.display())));
     }
     if m.uid() != 0 && m.uid() != me() {
-        return Err(refuse(format!("component {} belongs to uid {}, neither root nor this server's uid {}; refusing it (chown it)", path.display(), m.uid(), me())));
+        return Err(refuse(format!(
+            "component {} belongs to uid {}, neither root nor this server's uid {}; refusing it (chown it)",
+            path.display(),
+            m.uid(),
+            me()
+        )));
     }
     if m.mode() & 0o022 != 0 {
         return Err(refuse(format!(
@@ -270,8 +280,8 @@ pub fn read_component(path: &Path, key: Option<&TrustKey>) -> Result<(Vec<u8>, O
     file.read_to_end(&mut bytes).map_err(|e| Error::new(ErrorKind::Config, format!("component {}: {e}", path.display())))?;
     let Some(trust) = key else { return Ok((bytes, None)) };
     let sig_path = signature_path(path);
-    let text = std::fs::read_to_string(&sig_path)
-        .map_err(|e| refuse(format!("--trust-key is set and the signature {} cannot be read: {e}", sig_path.display())))?;
+    let text =
+        std::fs::read_to_string(&sig_path).map_err(|e| refuse(format!("--trust-key is set and the signature {} cannot be read: {e}", sig_path.display())))?;
     let signed: Signed = serde_json::from_str(&text)
         .ok()
         .filter(|s: &Signed| s.format == SIGNATURE_FORMAT)
@@ -299,7 +309,13 @@ fn directories_are_safe(path: &Path, what: &str) -> std::result::Result<(), Stri
     for dir in real.ancestors() {
         let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         if m.uid() != 0 && m.uid() != me() {
-            return Err(format!("{what} {}: its directory {} belongs to uid {}, neither root nor this server's uid {}; refusing it", path.display(), dir.display(), m.uid(), me()));
+            return Err(format!(
+                "{what} {}: its directory {} belongs to uid {}, neither root nor this server's uid {}; refusing it",
+                path.display(),
+                dir.display(),
+                m.uid(),
+                me()
+            ));
         }
         let sticky = m.mode() & 0o1000 != 0;
         if m.mode() & 0o022 != 0 && !sticky {
@@ -401,7 +417,14 @@ mod tests {
     #[test]
     fn compares_versions_as_semver_does() {
         use std::cmp::Ordering::*;
-        for (a, b, o) in [("1.2.0", "1.10.0", Less), ("0.2.0-fixture", "0.1.0", Greater), ("0.2.0-fixture", "0.2.0", Less), ("1.0.0-alpha.2", "1.0.0-alpha.10", Less), ("1.0.0+b1", "1.0.0", Equal), ("2", "1.9.9", Greater)] {
+        for (a, b, o) in [
+            ("1.2.0", "1.10.0", Less),
+            ("0.2.0-fixture", "0.1.0", Greater),
+            ("0.2.0-fixture", "0.2.0", Less),
+            ("1.0.0-alpha.2", "1.0.0-alpha.10", Less),
+            ("1.0.0+b1", "1.0.0", Equal),
+            ("2", "1.9.9", Greater),
+        ] {
             assert_eq!(compare_versions(a, b), o, "{a} vs {b}");
         }
     }

@@ -80,7 +80,9 @@ async fn read_bus(js: &jetstream::Context, bucket: &str, within: Duration) -> Re
     }
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let next = tokio::time::timeout_at(deadline, watch.next()).await.map_err(|_| Error::new(ErrorKind::Timeout, format!("reading {bucket} from the bus took over {within:?}")))?;
+        let next = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .map_err(|_| Error::new(ErrorKind::Timeout, format!("reading {bucket} from the bus took over {within:?}")))?;
         let Some(entry) = next else { break };
         let entry = entry.map_err(|e| unavailable(&e))?;
         match entry.operation {
@@ -143,7 +145,8 @@ async fn read_server(client: &async_nats::Client, what: &str, timeout: Duration,
     let mut body = json!({ "what": what });
     for _ in 0..MAX_PAGES {
         let reply = crate::query::ask_bytes(client, crate::service::PROVISIONING, &body, timeout).await?;
-        let page: Page = serde_json::from_slice(&reply).map_err(|e| Error::new(ErrorKind::Invalid, format!("an answer for {what} not in the verb's shape: {e}")))?;
+        let page: Page =
+            serde_json::from_slice(&reply).map_err(|e| Error::new(ErrorKind::Invalid, format!("an answer for {what} not in the verb's shape: {e}")))?;
         for (raw, in_shape) in page.entries.iter().map(|r| (r, true)).chain(page.out_of_shape.iter().map(|r| (r, false))) {
             let item: Item = match serde_json::from_str(raw.get()) {
                 Ok(i) => i,

@@ -34,9 +34,6 @@ const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
 const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-provisioner.process";
 const SIZED: &str = "$SRV.SIZED.mesh-provisioner.bench";
 
-
-
-
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
     let js = bus.js(&format!("node-{node}")).await;
@@ -83,7 +80,6 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
 
 /// The sized echo's reply, set to the verb's reply before each measurement.
 type Sized = Arc<std::sync::Mutex<bytes::Bytes>>;
-
 
 /// The verb `verb` against the echoes, at p50 and p99, then under 32 requesters.
 async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8]) {
@@ -225,7 +221,11 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
         assert!(start.elapsed() < Duration::from_secs(120), "holders never listed {n}: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (lag, before, stale) = (metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await, cache_lookups(metrics).await, stale_reasons(metrics).await);
+    let (lag, before, stale) = (
+        metric(metrics, "mesh_provisioner_mirror_lag_messages{bucket=\"mesh-provisioner_needs\"}").await,
+        cache_lookups(metrics).await,
+        stale_reasons(metrics).await,
+    );
     measure(&format!("{label} holders of a value held {n} times (first page)"), c, sized, "mesh-provisioner.provisioning", query.as_bytes()).await;
     let after = cache_lookups(metrics).await;
     println!(
@@ -240,9 +240,21 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let before = cache_lookups(metrics).await;
-        measure(&format!("{label} holders of a value held {n} times (first page), the mirror settled"), c, sized, "mesh-provisioner.provisioning", query.as_bytes()).await;
+        measure(
+            &format!("{label} holders of a value held {n} times (first page), the mirror settled"),
+            c,
+            sized,
+            "mesh-provisioner.provisioning",
+            query.as_bytes(),
+        )
+        .await;
         let after = cache_lookups(metrics).await;
-        println!("    (settled after {:.1} s; the reply cache meanwhile: {} hits, {} misses)", t.elapsed().as_secs_f64(), after.0 - before.0, after.1 - before.1);
+        println!(
+            "    (settled after {:.1} s; the reply cache meanwhile: {} hits, {} misses)",
+            t.elapsed().as_secs_f64(),
+            after.0 - before.0,
+            after.1 - before.1
+        );
     }
     let mut notices = c.subscribe("mesh-provisioner.notice.alpha").await.expect("subscribe");
     c.flush().await.expect("flush");
@@ -263,11 +275,16 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
         })
     };
     let t = Instant::now();
-    let mut acks = futures::stream::iter((0..n).map(|i| {
-        let provider = provider.clone();
-        async move { provider.publish(format!("$KV.postgres_bound.alpha.h{i:05}.{provision}"), "rotated".into()).await.expect("publish").await.expect("ack") }
-    }))
-    .buffer_unordered(256);
+    let mut acks =
+        futures::stream::iter(
+            (0..n).map(|i| {
+                let provider = provider.clone();
+                async move {
+                    provider.publish(format!("$KV.postgres_bound.alpha.h{i:05}.{provision}"), "rotated".into()).await.expect("publish").await.expect("ack")
+                }
+            }),
+        )
+        .buffer_unordered(256);
     while acks.next().await.is_some() {}
     let written = t.elapsed();
     let mut heard = 0;
@@ -328,7 +345,11 @@ async fn main() {
     }
     echoes.flush().await.expect("flush");
     vault.flush().await.expect("flush");
-    let bin = std::env::current_exe().ok().and_then(|p| p.parent()?.parent().map(|d| d.join("echo"))).filter(|p| p.exists()).expect("the echo binary (cargo bench builds it)");
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent()?.parent().map(|d| d.join("echo")))
+        .filter(|p| p.exists())
+        .expect("the echo binary (cargo bench builds it)");
     let mut echo_process = tokio::process::Command::new(bin)
         .args([bus.url(), "mesh-provisioner-service", &bus.password("mesh-provisioner-service"), ECHO_PROCESS])
         .stdout(std::process::Stdio::piped())
@@ -454,7 +475,9 @@ impl Floor {
         js.create_key_value(async_nats::jetstream::kv::Config { bucket: NEEDS.into(), history: 1, ..Default::default() }).await.expect("bucket");
         let per_node = keys / 10 / 3;
         let names = ["alpha", "beta", "gamma"].into_iter().flat_map(|node| {
-            (0..per_node + 1).flat_map(move |m| (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") }))
+            (0..per_node + 1).flat_map(move |m| {
+                (0..10).map(move |k| if k == 9 { format!("{node}.m{m:06}.secret.name{k}") } else { format!("{node}.m{m:06}.config.name{k}") })
+            })
         });
         let mut acks = futures::stream::iter(names.take(keys).map(|key| {
             let js = js.clone();
@@ -552,12 +575,12 @@ async fn answered(c: &Client, query: &[u8]) {
 /// The last "mirror in sync" line of the needs bucket in a host's log: how long its replay read
 /// and packed.
 fn in_sync_line(host: &Host) -> Option<String> {
-    host.log_text().lines().filter(|l| l.contains(NEEDS) && l.contains("mirror in sync")).next_back().map(str::to_string)
+    host.log_text().lines().rfind(|l| l.contains(NEEDS) && l.contains("mirror in sync")).map(str::to_string)
 }
 
 /// The snapshot-write line of a host's log: how long writing the snapshots at shutdown took.
 fn snapshots_written(log: &str) -> String {
-    log.lines().filter(|l| l.contains("mirror snapshots written")).last().and_then(|l| l.split("elapsed=").nth(1)).unwrap_or("?").to_string()
+    log.lines().rfind(|l| l.contains("mirror snapshots written")).and_then(|l| l.split("elapsed=").nth(1)).unwrap_or("?").to_string()
 }
 
 /// Host RSS once a start's packing of its mirrors (on a thread of its own) has had time to land
@@ -597,7 +620,8 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     let (host, full) = first_answer(bus, c, query, state, &["--no-snapshots"]).await;
     let full_rss = settled_rss(&host).await;
     let full_peak = tests::peak_rss_kib(host.child.id().expect("host pid"));
-    let replayed = |host: &Host| in_sync_line(host).and_then(|l| l.split("replayed=").nth(1).map(|t| t.split(' ').next().unwrap_or(t).to_string())).unwrap_or_default();
+    let replayed =
+        |host: &Host| in_sync_line(host).and_then(|l| l.split("replayed=").nth(1).map(|t| t.split(' ').next().unwrap_or(t).to_string())).unwrap_or_default();
     // More full replays, each right after a floor of its own: the ratio of each pair.
     let mut host = host;
     let mut pairs = vec![(full, open, replayed(&host))];
@@ -616,13 +640,21 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
         "start at {keys} keys, floor: a plain watch reads the bucket ({n_open} keys) on a server without permissions in {:.2} s (on the example config as the provisioner's user: {:.2} s, {n} keys, {:.2}×)",
         secs(open), secs(example), secs(example) / secs(open)
     );
-    println!("  from its snapshot ({} MiB, written at shutdown in {wrote}): serve to the first answer {:.2} s = {:.2}× the floor", snapshot >> 20, secs(resumed), secs(resumed) / secs(open));
+    println!(
+        "  from its snapshot ({} MiB, written at shutdown in {wrote}): serve to the first answer {:.2} s = {:.2}× the floor",
+        snapshot >> 20,
+        secs(resumed),
+        secs(resumed) / secs(open)
+    );
     if let Some(line) = resumed_log.lines().find(|l| l.contains("loaded from its snapshot") && l.contains(NEEDS)) {
         println!("    ({})", line.split("INFO ").nth(1).unwrap_or(line));
     }
     println!("  full replay (--no-snapshots): serve to the first answer {:.2} s = {:.2}× the floor", secs(full), secs(full) / secs(open));
     let mut ratios: Vec<f64> = pairs.iter().map(|(full, open, _)| secs(*full) / secs(*open)).collect();
-    let each: Vec<String> = pairs.iter().map(|(full, open, replayed)| format!("{:.2} s / {:.2} s = {:.2}× (replayed {replayed})", secs(*full), secs(*open), secs(*full) / secs(*open))).collect();
+    let each: Vec<String> = pairs
+        .iter()
+        .map(|(full, open, replayed)| format!("{:.2} s / {:.2} s = {:.2}× (replayed {replayed})", secs(*full), secs(*open), secs(*full) / secs(*open)))
+        .collect();
     ratios.sort_by(f64::total_cmp);
     println!("    ({} full replays, each against a floor measured just before it: {}; median {:.2}×)", pairs.len(), each.join(", "), ratios[ratios.len() / 2]);
     // Where the replay's time went: reading the bucket, then packing what it read.
@@ -631,18 +663,26 @@ async fn cold_start(bus: &Bus, c: &Client, query: &[u8], keys: usize, raw: u64, 
     }
     println!(
         "    (the same plain watch on one thread, as the host runs: {:.2} s = {:.2}× the floor; the full replay = {:.2}× that)",
-        secs(one_thread), secs(one_thread) / secs(open), secs(full) / secs(one_thread)
+        secs(one_thread),
+        secs(one_thread) / secs(open),
+        secs(full) / secs(one_thread)
     );
     println!(
         "  host RSS 10 s after the first answer: {} MiB from the snapshot, {} MiB after a full replay ({:.2}× / {:.2}× the raw {} MiB)",
-        resumed_rss / 1024, full_rss / 1024, resumed_rss as f64 * 1024.0 / raw as f64, full_rss as f64 * 1024.0 / raw as f64, raw >> 20
+        resumed_rss / 1024,
+        full_rss / 1024,
+        resumed_rss as f64 * 1024.0 / raw as f64,
+        full_rss as f64 * 1024.0 / raw as f64,
+        raw >> 20
     );
     println!(
         "  host peak RSS (VmHWM) over each start: {} MiB from the snapshot, {} MiB by a full replay ({:.2}× / {:.2}× the raw)",
-        resumed_peak / 1024, full_peak / 1024, resumed_peak as f64 * 1024.0 / raw as f64, full_peak as f64 * 1024.0 / raw as f64
+        resumed_peak / 1024,
+        full_peak / 1024,
+        resumed_peak as f64 * 1024.0 / raw as f64,
+        full_peak as f64 * 1024.0 / raw as f64
     );
-    let mut standby =
-        Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
+    let mut standby = Host::spawn(bus.url(), bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--http", "127.0.0.1:0"]);
     let warm = Instant::now();
     let ready = format!("{}/readyz", standby.http_url().await);
     // Ready: the registry and node buckets' mirrors in sync (a standby answers 200 too).

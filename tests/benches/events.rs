@@ -17,7 +17,6 @@ use tests::nats::{Bus, Host};
 const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
 const QUERY: &[u8] = br#"{"what":"needs","node":"beta","module":"m0042"}"#;
 
-
 /// Request round trips on `subject` until `until` says stop (at least `min` of them).
 async fn asked(c: &Client, subject: &str, body: &[u8], min: usize, until: impl Fn() -> bool) -> Vec<Duration> {
     let mut out = Vec::new();
@@ -100,7 +99,13 @@ async fn run() {
     let (s50, s99) = (pct(&mut steady, 0.5), pct(&mut steady, 0.99));
     let (d50, d99) = (pct(&mut during, 0.5), pct(&mut during, 0.99));
     println!("floor: echo as node-beta → the provisioner's account (the verbs' import) p50 {:.0} µs p99 {:.0} µs", us(f50), us(f99));
-    println!("needs of one module, nothing changing: p50 {:.0} µs = {:.2}× echo; p99 {:.0} µs = {:.2}× echo", us(s50), s50.as_secs_f64() / f50.as_secs_f64(), us(s99), s99.as_secs_f64() / f99.as_secs_f64());
+    println!(
+        "needs of one module, nothing changing: p50 {:.0} µs = {:.2}× echo; p99 {:.0} µs = {:.2}× echo",
+        us(s50),
+        s50.as_secs_f64() / f50.as_secs_f64(),
+        us(s99),
+        s99.as_secs_f64() / f99.as_secs_f64()
+    );
     println!(
         "needs of one module while {n} modules change state ({} requests, all {n} events heard in {:.2} s): p50 {:.0} µs = {:.2}× echo ({:.2}× steady); p99 {:.0} µs = {:.2}× echo ({:.2}× steady)",
         during.len(),

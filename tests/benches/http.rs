@@ -38,7 +38,6 @@ async fn quantiles(c: &Client, subject: &str, body: &[u8], n: usize) -> (Duratio
     (v[n / 2], v[n * 99 / 100])
 }
 
-
 /// A bare echo through the node's import of the provisioner's $SRV subjects, answered as its
 /// serving user (which may answer $SRV.*.mesh-provisioner.>): the verb's own path.
 async fn serve_echo(bus: &Bus) {
@@ -60,7 +59,8 @@ async fn measure(c: &Client) -> (f64, f64) {
         let _ = c.request("mesh-provisioner.provisioning", QUERY.to_vec().into()).await;
     }
     let (echo, verb) = (p50(c, ECHO, QUERY, 2000).await, p50(c, "mesh-provisioner.provisioning", QUERY, 2000).await);
-    let (echo_t, verb_t) = (throughput(c, ECHO, QUERY, 32, Duration::from_secs(3)).await, throughput(c, "mesh-provisioner.provisioning", QUERY, 32, Duration::from_secs(3)).await);
+    let (echo_t, verb_t) =
+        (throughput(c, ECHO, QUERY, 32, Duration::from_secs(3)).await, throughput(c, "mesh-provisioner.provisioning", QUERY, 32, Duration::from_secs(3)).await);
     (verb.as_secs_f64() / echo.as_secs_f64(), verb_t / echo_t)
 }
 
@@ -149,7 +149,8 @@ async fn status_at_scale() {
     let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--status-page-per-node", &per_node]).await;
     let url = host.http_url().await;
     // Half the modules on alpha, the rest on beta and gamma; each an applied record.
-    let nodes = [("node-alpha", "alpha", modules / 2), ("node-beta", "beta", modules * 3 / 10), ("node-gamma", "gamma", modules - modules / 2 - modules * 3 / 10)];
+    let nodes =
+        [("node-alpha", "alpha", modules / 2), ("node-beta", "beta", modules * 3 / 10), ("node-gamma", "gamma", modules - modules / 2 - modules * 3 / 10)];
     let t = Instant::now();
     for (user, node, n) in nodes {
         let js = bus.js(user).await;

@@ -186,11 +186,13 @@ async fn bench() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let echo = run(&c, ECHO, &bodies, phase).await;
         let sized = run(&c, SIZED, &bodies, phase).await;
-        let (stale, (hits, misses), carried) = (stale_reasons(&metrics).await, cache_lookups(&metrics).await, metric(&metrics, "mesh_provisioner_reply_cache_carried_total").await);
+        let (stale, (hits, misses), carried) =
+            (stale_reasons(&metrics).await, cache_lookups(&metrics).await, metric(&metrics, "mesh_provisioner_reply_cache_carried_total").await);
         let (calls, cpu, at) = (guest_calls(&metrics).await, cpu_seconds(pid), Instant::now());
         let verb = run(&c, VERB, &bodies, phase).await;
         let (calls2, cpu2, took) = (guest_calls(&metrics).await, cpu_seconds(pid), at.elapsed().as_secs_f64());
-        let (stale2, (hits2, misses2), carried2) = (stale_reasons(&metrics).await, cache_lookups(&metrics).await, metric(&metrics, "mesh_provisioner_reply_cache_carried_total").await);
+        let (stale2, (hits2, misses2), carried2) =
+            (stale_reasons(&metrics).await, cache_lookups(&metrics).await, metric(&metrics, "mesh_provisioner_reply_cache_carried_total").await);
         stop.store(true, Ordering::Relaxed);
         if let Some(w) = writer {
             let _ = w.await;

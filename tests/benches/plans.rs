@@ -23,7 +23,6 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-
 /// 3 nodes × 1000 modules: each wanted at b1 with the indexer's newest at b2, both published
 /// with 10 needs of mixed kinds, and 10 needs recorded per module for the baseline query.
 fn mesh(kept: KeptPlans) -> Arc<MemoryBackend> {
@@ -82,7 +81,12 @@ fn main() {
 
     println!("mesh: {} nodes × {MODULES} modules, two published builds each (want b1, newest b2), 10 needs per plan", NODES.len());
     println!("{:<58} {:>10.1} µs   1.00×", "provisioning verb, needs of one module (baseline)", us(baseline));
-    println!("{:<58} {:>10.1} µs {:>6.2}×   ({plan_bytes} bytes)", "plan verb, one module (wasm, reused instance)", us(plan_wasm), us(plan_wasm) / us(baseline));
+    println!(
+        "{:<58} {:>10.1} µs {:>6.2}×   ({plan_bytes} bytes)",
+        "plan verb, one module (wasm, reused instance)",
+        us(plan_wasm),
+        us(plan_wasm) / us(baseline)
+    );
     println!("{:<58} {:>10.1} µs {:>6.2}×", "plan verb, one module (native logic)", us(plan_native), us(plan_native) / us(baseline));
 
     let whole = vec![Change { bucket: "mesh-controller_assignments".into(), key: None }];

@@ -46,8 +46,12 @@ async fn main() {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "failover over {} SIGKILLs, TTL {TTL} (renewal every TTL/3): median {:.0} ms ({:.2}× TTL), max {:.0} ms ({:.2}× TTL), min {:.0} ms",
-        times.len(), ms(times[times.len() / 2]), ms(times[times.len() / 2]) / 2000.0,
-        ms(times[times.len() - 1]), ms(times[times.len() - 1]) / 2000.0, ms(times[0])
+        times.len(),
+        ms(times[times.len() / 2]),
+        ms(times[times.len() / 2]) / 2000.0,
+        ms(times[times.len() - 1]),
+        ms(times[times.len() - 1]) / 2000.0,
+        ms(times[0])
     );
     let mut bus = bus;
     let mut restarts = Vec::new();

@@ -105,7 +105,13 @@ fn main() {
             let (mut this, mut that) = (0.0, 0.0);
             for round in 0..ROUNDS * 4 {
                 for q in &requests {
-                    let (a, b) = if round % 2 == 0 { let a = time(&guest, q); (a, time(other, q)) } else { let b = time(other, q); (time(&guest, q), b) };
+                    let (a, b) = if round % 2 == 0 {
+                        let a = time(&guest, q);
+                        (a, time(other, q))
+                    } else {
+                        let b = time(other, q);
+                        (time(&guest, q), b)
+                    };
                     ratios.push(a / b);
                     (this, that) = (this + a, that + b);
                 }
@@ -123,7 +129,8 @@ fn main() {
                 ratios.len()
             );
         }
-        let natively = |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
+        let natively =
+            |what: &str, limit: usize| best(|| pages(what, limit, |q| guest::verb::handle(&native, "mesh-provisioner.provisioning", q, 1 << 20).body));
         // The floor: the same modules' needs, read through the verb in pages of as many keys.
         let (floor, keys) = wasm("needs", PAGE * 10);
         let before = b.reads();

@@ -86,7 +86,10 @@ async fn main() {
     .await;
     println!(
         "verb under 8 requesters: steady p50 {:.0} µs p99 {:.0} µs ({sn} requests); with 6 swaps p50 {:.0} µs p99 {:.0} µs ({wn} requests); p99 ratio {:.2}×",
-        s50.as_secs_f64() * 1e6, s99.as_secs_f64() * 1e6, w50.as_secs_f64() * 1e6, w99.as_secs_f64() * 1e6,
+        s50.as_secs_f64() * 1e6,
+        s99.as_secs_f64() * 1e6,
+        w50.as_secs_f64() * 1e6,
+        w99.as_secs_f64() * 1e6,
         w99.as_secs_f64() / s99.as_secs_f64()
     );
 
@@ -94,7 +97,8 @@ async fn main() {
     // written while the requesters ask, so the host plans and keeps all 1 000 meanwhile.
     let composed = tests::sample_composition();
     bus.create_plan_buckets().await;
-    publish(&bus, "node-alpha", (0..PLANS).flat_map(|m| ["b1", "b2"].map(|b| (format!("$KV.composed-alpha.m{m:04}.{b}"), composed.clone().into_bytes())))).await;
+    publish(&bus, "node-alpha", (0..PLANS).flat_map(|m| ["b1", "b2"].map(|b| (format!("$KV.composed-alpha.m{m:04}.{b}"), composed.clone().into_bytes()))))
+        .await;
     let (q50, q99, qn) = load(&c, Duration::from_secs(4), async {}).await;
     let (bus2, plans_dir) = (&bus, host.state.path().join("plans"));
     let kept_in = Arc::new(Mutex::new(Duration::ZERO));

@@ -82,13 +82,26 @@ pub async fn stale_reasons(url: &str) -> std::collections::BTreeMap<String, f64>
 
 /// What changed between two samples of [`stale_reasons`].
 pub fn stale_between(before: &std::collections::BTreeMap<String, f64>, after: &std::collections::BTreeMap<String, f64>) -> String {
-    let moved: Vec<String> = after.iter().filter_map(|(k, n)| { let d = n - before.get(k).unwrap_or(&0.0); (d > 0.0).then(|| format!("{k} {d}")) }).collect();
-    if moved.is_empty() { "none".into() } else { moved.join(", ") }
+    let moved: Vec<String> = after
+        .iter()
+        .filter_map(|(k, n)| {
+            let d = n - before.get(k).unwrap_or(&0.0);
+            (d > 0.0).then(|| format!("{k} {d}"))
+        })
+        .collect();
+    if moved.is_empty() {
+        "none".into()
+    } else {
+        moved.join(", ")
+    }
 }
 
 /// The reply cache's hits and misses so far.
 pub async fn cache_lookups(url: &str) -> (f64, f64) {
-    (metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await, metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await)
+    (
+        metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"hit\"}").await,
+        metric(url, "mesh_provisioner_reply_cache_lookups_total{outcome=\"miss\"}").await,
+    )
 }
 
 /// CPU seconds (user and system) process `pid` has used so far.
@@ -111,7 +124,11 @@ pub async fn guest_calls(url: &str) -> std::collections::BTreeMap<String, (f64, 
             let Some((export, n)) = rest.split_once("\"} ") else { continue };
             let n: f64 = n.trim().parse().unwrap_or(0.0);
             let e: &mut (f64, f64) = calls.entry(export.to_string()).or_default();
-            if sum { e.1 = n } else { e.0 = n }
+            if sum {
+                e.1 = n
+            } else {
+                e.0 = n
+            }
         }
     }
     calls

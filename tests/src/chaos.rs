@@ -399,7 +399,9 @@ pub async fn run(seed: u64, faults: u32) -> Report {
                 host.stop().await;
                 // The standby takes over: the first answer from another instance.
                 loop {
-                    if matches!(mesh.holder().await, Some(h) if h != holder) && matches!(ask_within(&mesh.asker, b"{}", Duration::from_secs(1)).await, Ok((None, _))) {
+                    if matches!(mesh.holder().await, Some(h) if h != holder)
+                        && matches!(ask_within(&mesh.asker, b"{}", Duration::from_secs(1)).await, Ok((None, _)))
+                    {
                         report.failovers.push(killed.elapsed());
                         break;
                     }

@@ -21,10 +21,7 @@ pub mod status_mesh;
 /// The workspace's root. Read at run time (cargo sets it for tests and benches): a target
 /// directory shared between clones at other paths may hold a binary built in another clone.
 pub fn root() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("..")
 }
 
 /// Where cargo puts build output (honours `CARGO_TARGET_DIR`).
@@ -35,9 +32,7 @@ pub fn target_dir() -> PathBuf {
 /// The component built by `cargo build -p guest --target wasm32-wasip2 --release` (the test
 /// command builds it first), or `MESH_PROVISIONER_COMPONENT`.
 pub fn component_path() -> PathBuf {
-    let path = std::env::var_os("MESH_PROVISIONER_COMPONENT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().join("wasm32-wasip2/release/guest.wasm"));
+    let path = std::env::var_os("MESH_PROVISIONER_COMPONENT").map(PathBuf::from).unwrap_or_else(|| target_dir().join("wasm32-wasip2/release/guest.wasm"));
     assert!(path.exists(), "no component at {}: run the README's test command (scripts/test), which builds it", path.display());
     path
 }
@@ -86,10 +81,7 @@ pub async fn ask(backend: Arc<dyn Backend>, body: &[u8]) -> (ReplyCode, Value) {
 }
 
 pub async fn ask_with(backend: Arc<dyn Backend>, body: &[u8], max_reply: u32) -> (ReplyCode, Value) {
-    let reply = guest()
-        .handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, max_reply)
-        .await
-        .expect("the guest answers");
+    let reply = guest().handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, max_reply).await.expect("the guest answers");
     assert!(reply.body.len() <= max_reply.max(4096) as usize, "reply of {} bytes over {max_reply}", reply.body.len());
     let v: Value = serde_json::from_slice(&reply.body).expect("the reply is JSON");
     schema::check(if reply.code == ReplyCode::Ok { "provisioning.reply" } else { "error" }, &v);
@@ -107,12 +99,7 @@ pub fn out_of_shape(v: &Value) -> Vec<String> {
 }
 
 fn list(v: &Value, field: &str) -> Vec<String> {
-    v[field]
-        .as_array()
-        .unwrap_or_else(|| panic!("no {field} in {v}"))
-        .iter()
-        .map(|e| e["key"].as_str().unwrap_or_default().to_string())
-        .collect()
+    v[field].as_array().unwrap_or_else(|| panic!("no {field} in {v}")).iter().map(|e| e["key"].as_str().unwrap_or_default().to_string()).collect()
 }
 
 /// The resident memory of process `pid` in KiB (0 when it cannot be read).

@@ -299,13 +299,10 @@ impl Cluster {
     /// [`Cluster::leaf_ports`]; a node's leaf server logs in as the node's user). The leaf
     /// ports are not advertised, so a leaf stays on the link it was given.
     pub async fn start_hub(n: usize, leaf_nodes: bool) -> Cluster {
-        let ports: Vec<(u16, u16)> = (0..n)
-            .map(|_| (mesh_provisioner::embedded::free_port().unwrap(), mesh_provisioner::embedded::free_port().unwrap()))
-            .collect();
-        let passwords: Vec<(String, String)> = mesh_provisioner::embedded::USERS
-            .iter()
-            .map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap()))
-            .collect();
+        let ports: Vec<(u16, u16)> =
+            (0..n).map(|_| (mesh_provisioner::embedded::free_port().unwrap(), mesh_provisioner::embedded::free_port().unwrap())).collect();
+        let passwords: Vec<(String, String)> =
+            mesh_provisioner::embedded::USERS.iter().map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap())).collect();
         let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
@@ -427,7 +424,14 @@ impl RawServer {
         let conf = dir.path().join("server.conf");
         std::fs::write(&conf, text).expect("write the config");
         let log = std::fs::File::create(dir.path().join("server.log")).expect("server log");
-        let mut child = Command::new("nats-server").arg("-c").arg(&conf).stdout(Stdio::null()).stderr(log).kill_on_drop(true).spawn().expect("nats-server on PATH (scripts/setup installs it)");
+        let mut child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server on PATH (scripts/setup installs it)");
         let start = Instant::now();
         while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             if let Ok(Some(status)) = child.try_wait() {
@@ -480,9 +484,7 @@ pub fn prefer_release_binary() {
 
 /// The built host binary (scripts/test builds it), or `MESH_PROVISIONER_BIN`.
 pub fn host_binary() -> PathBuf {
-    let path = std::env::var_os("MESH_PROVISIONER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::target_dir().join("debug/mesh-provisioner"));
+    let path = std::env::var_os("MESH_PROVISIONER_BIN").map(PathBuf::from).unwrap_or_else(|| crate::target_dir().join("debug/mesh-provisioner"));
     assert!(path.exists(), "no host binary at {}: run the README's test command (scripts/test), which builds it", path.display());
     path
 }
@@ -627,11 +629,8 @@ pub async fn run_verify(url: &str, user: &str, password: &str) -> (Option<i32>, 
 
 /// As [`run_verify`]; `Err` with what it printed when it made no report (it could not ask).
 pub async fn try_verify(url: &str, user: &str, password: &str) -> Result<(Option<i32>, Value), String> {
-    let out = Command::new(host_binary())
-        .args(["verify", "--json", "--nats-url", url, "--user", user, "--password", password])
-        .output()
-        .await
-        .expect("run verify");
+    let out =
+        Command::new(host_binary()).args(["verify", "--json", "--nats-url", url, "--user", user, "--password", password]).output().await.expect("run verify");
     let text = String::from_utf8_lossy(&out.stdout);
     match serde_json::from_str(text.trim()) {
         Ok(report) => Ok((out.status.code(), report)),
@@ -642,7 +641,11 @@ pub async fn try_verify(url: &str, user: &str, password: &str) -> Result<(Option
 /// Every key (entries and out of shape) the verb answers for `body`, each page followed, with its
 /// revision, in the order answered; `Err` on an error reply or no reply within `timeout`.
 pub async fn answered_keys(client: &Client, body: Value, timeout: Duration) -> Result<Vec<(String, u64)>, String> {
-    Ok(answered_items(client, body, timeout).await?.iter().map(|e| (e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0))).collect())
+    Ok(answered_items(client, body, timeout)
+        .await?
+        .iter()
+        .map(|e| (e["key"].as_str().unwrap_or_default().to_string(), e["revision"].as_u64().unwrap_or(0)))
+        .collect())
 }
 
 /// Every item (entries and out of shape) the verb answers for `body`, each page followed, in the

@@ -39,4 +39,3 @@ pub fn mesh() -> Arc<MemoryBackend> {
     b.put(NEEDS, "gamma.odd.widget.x", b"{}");
     b
 }
-

@@ -62,7 +62,12 @@ async fn plans_and_provisions_match_the_golden_file() {
         return;
     }
     let diff = golden::differences(&actual, true);
-    assert!(diff.is_empty(), "plans differ from tests/golden/plans/expected.json (set {}=1 to regenerate, then review):\n{}", golden::REGENERATE, diff.join("\n"));
+    assert!(
+        diff.is_empty(),
+        "plans differ from tests/golden/plans/expected.json (set {}=1 to regenerate, then review):\n{}",
+        golden::REGENERATE,
+        diff.join("\n")
+    );
     // Only a published plan of a module's first build is kept, and only once.
     assert_eq!(reports[0].kept, ["alpha/app@b8", "beta/web@w3", "gamma/worker@k1"]);
     assert!(reports[1].kept.iter().all(|k| k == "gamma/metrics@m1"), "{:?}", reports[1].kept);
@@ -152,11 +157,8 @@ async fn odd_compositions_and_sources_hold_or_wait_with_a_reason() {
         assert_eq!(v["state"], "waiting", "{build}: {v}");
         assert!(v["reason"].as_str().unwrap().contains(says), "{build}: {v}");
     }
-    for (value, says) in [
-        (&br#"{"want":7}"#[..], "not a build name"),
-        (&br#"{"want":"b.1"}"#[..], "not an identifier"),
-        (&br#"[1]"#[..], "not a JSON object"),
-    ] {
+    for (value, says) in [(&br#"{"want":7}"#[..], "not a build name"), (&br#"{"want":"b.1"}"#[..], "not an identifier"), (&br#"[1]"#[..], "not a JSON object")]
+    {
         b.put("mesh-controller_assignments", "alpha.app", value);
         let v = plan(&b, "alpha", "app").await;
         assert_eq!((v["state"].as_str(), v["entries"][0]["build"].is_null()), (Some("waiting"), true), "{v}");
@@ -246,10 +248,7 @@ async fn a_plan_too_large_for_a_reply_is_an_error_that_says_so() {
     let needs: Vec<Value> = (0..400).map(|i| json!({"kind":"config","name":format!("n{i}"),"part":"p"})).collect();
     b.put("composed-alpha", "app.b1", json!({"state":"published","plan":{"needs":needs}}).to_string().as_bytes());
     b.put("mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#);
-    let reply = tests::guest()
-        .handle(b.clone() as Arc<dyn Backend>, Limits::default(), PLAN, br#"{"node":"alpha","module":"app"}"#, 4096)
-        .await
-        .unwrap();
+    let reply = tests::guest().handle(b.clone() as Arc<dyn Backend>, Limits::default(), PLAN, br#"{"node":"alpha","module":"app"}"#, 4096).await.unwrap();
     assert_eq!(reply.code, ReplyCode::Internal);
     let v: Value = serde_json::from_slice(&reply.body).unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("more than a reply may hold"), "{v}");
@@ -322,7 +321,11 @@ async fn one_module_the_guest_cannot_plan_costs_that_module_not_the_mesh() {
     for m in 0..64 {
         let module = format!("m{m:02}");
         b.put("mesh-controller_assignments", &format!("alpha.{module}"), br#"{"want":"b1"}"#);
-        let plan = if m == 41 { json!({"state":"published","plan":{"needs":[], "pad": "x".repeat(20 << 20)}}) } else { json!({"state":"published","plan":{"needs":[]}}) };
+        let plan = if m == 41 {
+            json!({"state":"published","plan":{"needs":[], "pad": "x".repeat(20 << 20)}})
+        } else {
+            json!({"state":"published","plan":{"needs":[]}})
+        };
         b.put("composed-alpha", &format!("{module}.b1"), plan.to_string().as_bytes());
         changes.push(Change { bucket: "mesh-controller_assignments".into(), key: Some(format!("alpha.{module}")) });
     }

@@ -22,10 +22,7 @@ async fn compiles_thirteen_canonical_entries() {
         assert_eq!(v.to_string().as_bytes(), value.as_slice());
     }
     let config = rows.iter().find(|(k, _)| k == "config").unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&config.1),
-        r#"{"bucket":"mesh-config_values","key":"<node>.<module>.<name>","kind":"config","owner":"mesh-config"}"#
-    );
+    assert_eq!(String::from_utf8_lossy(&config.1), r#"{"bucket":"mesh-config_values","key":"<node>.<module>.<name>","kind":"config","owner":"mesh-config"}"#);
 }
 
 #[tokio::test]

@@ -88,5 +88,8 @@ async fn the_component_decides_who_hears_of_a_change() {
     assert_eq!(r.notices.len(), 1, "{:?}", r.notices);
     assert_eq!(r.notices[0].node, "beta");
     let body: Value = serde_json::from_slice(&r.notices[0].body).unwrap();
-    assert_eq!(body, json!({"node":"beta","module":"api","kind":"bound","name":"postgres.db","place":{"bucket":"postgres_bound","key":"beta.api.db"},"revision":77}));
+    assert_eq!(
+        body,
+        json!({"node":"beta","module":"api","kind":"bound","name":"postgres.db","place":{"bucket":"postgres_bound","key":"beta.api.db"},"revision":77})
+    );
 }

@@ -70,7 +70,10 @@ async fn answers_needs_narrowed_by_node_module_and_kind() {
     let v = ok(&b, json!({"what":"needs","node":"alpha","module":"app","kind":"config"})).await;
     assert_eq!(keys(&v), ["alpha.app.config.db=2Eurl"]);
     let e = &v["entries"][0];
-    assert_eq!((e["node"].as_str(), e["module"].as_str(), e["kind"].as_str(), e["name"].as_str()), (Some("alpha"), Some("app"), Some("config"), Some("db.url")));
+    assert_eq!(
+        (e["node"].as_str(), e["module"].as_str(), e["kind"].as_str(), e["name"].as_str()),
+        (Some("alpha"), Some("app"), Some("config"), Some("db.url"))
+    );
     assert_eq!(e["value"]["part"], "api");
     // `alpha.app` has no kind: out of this scope (it is in node and module's, below).
     assert_eq!(out_of_shape(&v), ["alpha.app.config.=3a", "alpha.app.config.=C3", "alpha.app.config.x.y"]);
@@ -95,12 +98,8 @@ async fn lists_every_out_of_shape_key_with_its_reason() {
     let b = mesh();
     let v = ok(&b, json!({"what":"needs"})).await;
     assert_eq!(keys(&v).len(), 6);
-    let reasons: Vec<(String, String)> = v["out_of_shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["key"].as_str().unwrap().to_string(), e["reason"].as_str().unwrap().to_string()))
-        .collect();
+    let reasons: Vec<(String, String)> =
+        v["out_of_shape"].as_array().unwrap().iter().map(|e| (e["key"].as_str().unwrap().to_string(), e["reason"].as_str().unwrap().to_string())).collect();
     let reason = |k: &str| reasons.iter().find(|(key, _)| key == k).map(|(_, r)| r.clone()).unwrap_or_else(|| panic!("{k} not reported"));
     assert_eq!(reason("alpha.app"), "needs keys are <node>.<module>.<kind>.<name>: 2 tokens");
     assert!(reason("alpha.app.config.x.y").contains("5 tokens"));
@@ -293,10 +292,7 @@ async fn refuses_hostile_requests_without_a_wider_answer() {
 
 #[tokio::test]
 async fn refuses_an_unknown_verb() {
-    let reply = tests::guest()
-        .handle(mesh(), Default::default(), "mesh-provisioner.everything", b"{}", 1 << 20)
-        .await
-        .unwrap();
+    let reply = tests::guest().handle(mesh(), Default::default(), "mesh-provisioner.everything", b"{}", 1 << 20).await.unwrap();
     assert_eq!(reply.code, ReplyCode::BadRequest);
     assert!(String::from_utf8_lossy(&reply.body).contains("unknown verb"));
 }
@@ -361,16 +357,28 @@ impl Backend for StallsOn {
         self.0.mirror(bucket)
     }
     fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<u64>> {
-        if self.1 == Stall::RegistryWrites { Box::pin(std::future::pending()) } else { self.0.put_registry(key, value, expected) }
+        if self.1 == Stall::RegistryWrites {
+            Box::pin(std::future::pending())
+        } else {
+            self.0.put_registry(key, value, expected)
+        }
     }
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<()>> {
-        if self.1 == Stall::RegistryWrites { Box::pin(std::future::pending()) } else { self.0.delete_registry(key, expected) }
+        if self.1 == Stall::RegistryWrites {
+            Box::pin(std::future::pending())
+        } else {
+            self.0.delete_registry(key, expected)
+        }
     }
     fn kept(&self) -> &mesh_provisioner::kept::KeptPlans {
         self.0.kept()
     }
     fn responders<'a>(&'a self, service: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::error::Result<mesh_provisioner::backend::Count>> {
-        if self.1 == Stall::Discovery { Box::pin(std::future::pending()) } else { self.0.responders(service) }
+        if self.1 == Stall::Discovery {
+            Box::pin(std::future::pending())
+        } else {
+            self.0.responders(service)
+        }
     }
 }
 
@@ -390,7 +398,10 @@ async fn every_import_a_call_makes_ends_with_the_calls_deadline() {
     // deadline, and the answer still comes in time.
     let no_discovery: Arc<dyn Backend> = Arc::new(StallsOn(mesh(), Stall::Discovery));
     let started = std::time::Instant::now();
-    let r = tests::guest().handle(no_discovery, limits, "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20).await.unwrap();
+    let r = tests::guest()
+        .handle(no_discovery, limits, "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20)
+        .await
+        .unwrap();
     let took = started.elapsed();
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(r.code, ReplyCode::Ok, "{v}");

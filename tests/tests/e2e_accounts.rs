@@ -101,7 +101,13 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
 
     // A small mesh: alpha/app needs a bound value and a config value, beta/web one config value.
     bus.put("mesh-controller", "mesh-controller_assignments", "alpha.app", br#"{"want":"b1"}"#).await;
-    bus.put("node-alpha", "composed-alpha", "app.b1", br#"{"state":"published","plan":{"parts":["api"],"needs":[{"kind":"bound","name":"postgres.db","part":"api"}],"dirs":[]}}"#).await;
+    bus.put(
+        "node-alpha",
+        "composed-alpha",
+        "app.b1",
+        br#"{"state":"published","plan":{"parts":["api"],"needs":[{"kind":"bound","name":"postgres.db","part":"api"}],"dirs":[]}}"#,
+    )
+    .await;
     bus.put("node-alpha", NEEDS, "alpha.app.bound.postgres=2Edb", br#"{"placeholder":"${bound:postgres.db}"}"#).await;
     bus.put("node-alpha", NEEDS, "alpha.app.config.db_url", br#"{"placeholder":"${config:db_url}"}"#).await;
     bus.put("node-beta", NEEDS, "beta.web.config.base_url", br#"{"placeholder":"${config:base_url}"}"#).await;
@@ -137,7 +143,8 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
             let kv = js.get_key_value(bucket).await.unwrap_or_else(|e| panic!("the operator opens {bucket}: {e}"));
             let entry = kv.entry(key).await.unwrap_or_else(|e| panic!("the operator reads {bucket}/{key}: {e}"));
             // The seat's lease is renewed all along: its holder is what must not move.
-            let value = if bucket == SEAT { entry.as_ref().and_then(|e| serde_json::from_slice::<Value>(&e.value).ok()).map(|v| v["instance"].clone()) } else { None };
+            let value =
+                if bucket == SEAT { entry.as_ref().and_then(|e| serde_json::from_slice::<Value>(&e.value).ok()).map(|v| v["instance"].clone()) } else { None };
             out.push((bucket, key, if bucket == SEAT { None } else { entry.map(|e| e.revision) }, value));
         }
         out
@@ -153,12 +160,20 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     let consumers_before = consumers(js.clone()).await;
     let (beta_stop, beta_heard) = listen(beta.clone(), vec!["mesh-provisioner.notice.beta".into(), "mesh-provisioner.event.beta".into()]);
     let mut aims: Vec<String> = targets.iter().map(|(b, k)| format!("$KV.{b}.{k}")).collect();
-    aims.extend(["mesh-provisioner.notice.beta", "mesh-provisioner.event.beta", "mesh-provisioner.provisioning", "$JS.EVENT.ADVISORY.STREAM.CREATED.KV_x"].map(String::from));
+    aims.extend(
+        ["mesh-provisioner.notice.beta", "mesh-provisioner.event.beta", "mesh-provisioner.provisioning", "$JS.EVENT.ADVISORY.STREAM.CREATED.KV_x"]
+            .map(String::from),
+    );
     let lease = br#"{"instance":"forged-lease","renewed":"2026-12-03T00:00:00Z"}"#.to_vec();
     let plan = br#"{"state":"published","plan":{"parts":["x"],"needs":[{"kind":"secret","name":"forged","part":"x"}],"dirs":[{"name":"state","unknown_files":"delete"}]}}"#.to_vec();
     let event = br#"{"node":"beta","module":"web","state":"blocked","was":"applied","reason":"forged","since":"2026-12-03T00:00:00Z"}"#.to_vec();
     // Each party, and the bucket and key prefix it may write.
-    let parties = [("node-alpha", NEEDS, "alpha.evil.config"), ("leaf-alpha", NEEDS, "alpha.evil.config"), ("provider-postgres", BOUND, "evil"), ("mesh-config", CONFIG, "evil")];
+    let parties = [
+        ("node-alpha", NEEDS, "alpha.evil.config"),
+        ("leaf-alpha", NEEDS, "alpha.evil.config"),
+        ("provider-postgres", BOUND, "evil"),
+        ("mesh-config", CONFIG, "evil"),
+    ];
     for (party, bucket, prefix) in parties {
         let c = bus.client(party).await;
         let pjs = mesh_provisioner::connect::jetstream_of(c.clone(), party);
@@ -191,12 +206,15 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
         }
         // Each JetStream request again through the party's domain, where its account's
         // imports of the API are (a direct get of what it stored is answered there).
-        let domain: Vec<(String, Vec<u8>)> = asks.iter().filter_map(|(s, b)| s.strip_prefix("$JS.API.").map(|rest| (format!("$JS.mesh.API.{rest}"), b.clone()))).collect();
+        let domain: Vec<(String, Vec<u8>)> =
+            asks.iter().filter_map(|(s, b)| s.strip_prefix("$JS.API.").map(|rest| (format!("$JS.mesh.API.{rest}"), b.clone()))).collect();
         asks.extend(domain);
         for aim in &aims {
             let consumer = json!({"stream_name": format!("KV_{bucket}"), "config": {"deliver_subject": aim, "ack_policy": "none", "deliver_policy": "all"}});
             for api in ["$JS.API", "$JS.mesh.API"] {
-                c.publish_with_reply(format!("{api}.CONSUMER.CREATE.KV_{bucket}"), aim.clone(), serde_json::to_vec(&consumer).expect("json").into()).await.expect("sent");
+                c.publish_with_reply(format!("{api}.CONSUMER.CREATE.KV_{bucket}"), aim.clone(), serde_json::to_vec(&consumer).expect("json").into())
+                    .await
+                    .expect("sent");
             }
             for (subject, body) in &asks {
                 c.publish_with_reply(subject.clone(), aim.clone(), body.clone().into()).await.expect("sent");
@@ -208,7 +226,8 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
         if party.starts_with("node-") || party.starts_with("leaf-") {
             let kv = pjs.get_key_value(NEEDS).await.unwrap_or_else(|e| panic!("{party}'s KV client binds the needs: {e}"));
             assert_eq!(kv.stream.cached_info().config.name, "NODE_alpha", "{party} bound another stream than its share");
-            let listed = c.request(format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec().into()).await.expect("its share answers");
+            let listed =
+                c.request(format!("$JS.mesh.API.STREAM.INFO.KV_{NEEDS}"), br#"{"subjects_filter":">"}"#.to_vec().into()).await.expect("its share answers");
             let text = String::from_utf8_lossy(&listed.payload);
             assert!(text.contains("alpha.app") && !text.contains("beta."), "{party} listed: {text}");
             assert!(kv.get("alpha.evil.config.lease").await.expect("a get of its own key").is_some(), "{party} reads its own key back");
@@ -294,18 +313,29 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     }
     let akv = ajs.get_key_value(NEEDS).await.expect("alpha opens the needs");
     assert!(akv.purge("alpha.app.config.db_url").await.is_err(), "a KV purge is a roll-up: refused");
-    for api in ["$JS.API.STREAM.PURGE.KV_mesh-provisioner_needs", "$JS.API.STREAM.MSG.DELETE.KV_mesh-provisioner_needs", "$JS.API.STREAM.UPDATE.KV_mesh-provisioner_needs", "$JS.API.STREAM.DELETE.KV_mesh-provisioner_needs"] {
+    for api in [
+        "$JS.API.STREAM.PURGE.KV_mesh-provisioner_needs",
+        "$JS.API.STREAM.MSG.DELETE.KV_mesh-provisioner_needs",
+        "$JS.API.STREAM.UPDATE.KV_mesh-provisioner_needs",
+        "$JS.API.STREAM.DELETE.KV_mesh-provisioner_needs",
+    ] {
         alpha.publish(api, r#"{"filter":"$KV.mesh-provisioner_needs.beta.>"}"#.into()).await.expect("sent");
         alpha_denied.expect("Publish to", api).await;
     }
     akv.delete("alpha.app.config.db_url").await.expect("a node deletes its own key");
     let beta_keys_after = tests::nats::answered_keys(&beta, json!({"what":"needs","node":"beta"}), Duration::from_secs(5)).await.expect("beta's needs");
     assert_eq!(beta_keys_after, beta_keys_before, "beta's keys are all there");
-    status_until(&alpha, "alpha", "app", "its deleted need gone", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2 && !s.to_string().contains("db_url"))).await;
+    status_until(&alpha, "alpha", "app", "its deleted need gone", |s| s["needs"].as_array().is_some_and(|n| n.len() == 2 && !s.to_string().contains("db_url")))
+        .await;
 
     // 4. Streams are made by the operator alone; one not shaped as a bucket is refused, said in
     // status, and never takes status down for the rest; one capturing the verbs is reported.
-    let capture = stream::Config { name: "KV_composed-gamma".into(), subjects: vec!["$KV.composed-gamma.>".into(), "mesh-provisioner.notice.gamma".into()], max_bytes: 1 << 20, ..Default::default() };
+    let capture = stream::Config {
+        name: "KV_composed-gamma".into(),
+        subjects: vec!["$KV.composed-gamma.>".into(), "mesh-provisioner.notice.gamma".into()],
+        max_bytes: 1 << 20,
+        ..Default::default()
+    };
     for (user, name, subject) in [
         ("node-gamma", "KV_composed-gamma", "$JS.API.STREAM.CREATE.KV_composed-gamma"),
         ("provider-postgres", "KV_postgres_bound", "$JS.API.STREAM.CREATE.KV_postgres_bound"),
@@ -335,7 +365,9 @@ async fn no_user_reaches_past_its_grant_whatever_it_sends() {
     js.delete_stream("KV_composed-gamma").await.expect("deleted");
     tests::nats::make_bucket(&js, &tests::nats::spec("composed-gamma", 1)).await;
     // A stream capturing the plan verb: found by the audit, loudly.
-    js.create_stream(stream::Config { name: "capture".into(), subjects: vec!["mesh-provisioner.plan".into()], max_bytes: 1 << 20, ..Default::default() }).await.expect("made");
+    js.create_stream(stream::Config { name: "capture".into(), subjects: vec!["mesh-provisioner.plan".into()], max_bytes: 1 << 20, ..Default::default() })
+        .await
+        .expect("made");
     // The audit looks at start and every --audit-every; a reconnect-free way to ask it: a host
     // that starts now, as a standby, sees it at once.
     let standby = Host::spawn(bus.url(), &bus, tempfile::tempdir().expect("dir"), &tests::component_path(), &["--http", "127.0.0.1:0", "--seat-ttl", "3s"]);
@@ -478,7 +510,13 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     assert_eq!(code, Some(0), "{out}");
     let builds = js.get_stream("KV_mesh-indexer_builds").await.expect("kept").cached_info().config.clone();
     assert_eq!((builds.discard, builds.max_messages), (stream::DiscardPolicy::New, -1), "{builds:?}");
-    assert!(out.lines().any(|l| l.starts_with("mesh-indexer_builds") && l.contains("made safe") && l.contains("discard new") && l.contains("no limit on the count of messages")), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("mesh-indexer_builds")
+            && l.contains("made safe")
+            && l.contains("discard new")
+            && l.contains("no limit on the count of messages")),
+        "{out}"
+    );
     for bucket in [REGISTRY, SEAT, NEEDS, APPLIED, "mesh-provisioner_collect", "mesh-controller_assignments", "composed-alpha", "composed-beta", BOUND] {
         assert!(out.lines().any(|l| l.starts_with(bucket) && l.trim_end().ends_with("made")), "{bucket} not made:\n{out}");
         let info = js.get_stream(format!("KV_{bucket}")).await.expect("made").cached_info().config.clone();
@@ -501,9 +539,14 @@ async fn bootstrap_makes_every_bucket_safe_and_refuses_what_is_not_a_bucket() {
     assert_eq!(code, Some(0), "{again}");
     assert!(again.lines().filter(|l| !l.trim().is_empty()).all(|l| l.trim_end().ends_with("safe")), "{again}");
     // A stream of a bucket's name that is not a bucket is refused and left alone.
-    js.create_stream(stream::Config { name: "KV_composed-gamma".into(), subjects: vec!["$KV.composed-gamma.>".into(), "gamma.extra".into()], max_bytes: 1 << 20, ..Default::default() })
-        .await
-        .expect("made");
+    js.create_stream(stream::Config {
+        name: "KV_composed-gamma".into(),
+        subjects: vec!["$KV.composed-gamma.>".into(), "gamma.extra".into()],
+        max_bytes: 1 << 20,
+        ..Default::default()
+    })
+    .await
+    .expect("made");
     let (code, out) = bootstrap(&bus, &["--node", "gamma"]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("composed-gamma") && out.contains("REFUSED") && out.contains("not a bucket"), "{out}");
@@ -619,11 +662,20 @@ async fn no_bytes_a_node_writes_cut_the_provisioner_off() {
     alpha.hpub(b"$KV.mesh-provisioner_needs.alpha.\xff.config.x", None, b"NATS/1.0\r\nX: \xff\r\n\r\n", need).await;
     alpha.hpub(b"$KV.mesh-provisioner_applied.alpha.\xfe", None, b"NATS/1.0\r\n\r\n", b"{}").await;
     // A key in shape under a header block that is no NATS header: still alpha's need.
-    alpha.hpub(b"$KV.mesh-provisioner_needs.alpha.app.config.odd", None, b"HTTP/1.1 abc\r\nno colon\r\nbad name: 1\r\n\r\n", br#"{"placeholder":"${config:odd}"}"#).await;
+    alpha
+        .hpub(
+            b"$KV.mesh-provisioner_needs.alpha.app.config.odd",
+            None,
+            b"HTTP/1.1 abc\r\nno colon\r\nbad name: 1\r\n\r\n",
+            br#"{"placeholder":"${config:odd}"}"#,
+        )
+        .await;
     alpha.round_trip().await;
     // The verb asked with the same header: the serving connection reads it and answers.
     alpha.send("SUB _INBOX_node-alpha.raw 1\r\n").await;
-    alpha.hpub(b"mesh-provisioner.provisioning", Some("_INBOX_node-alpha.raw"), b"NATS/1.0\r\nX: \xff\r\nY\r\n\r\n", br#"{"what":"needs","node":"beta"}"#).await;
+    alpha
+        .hpub(b"mesh-provisioner.provisioning", Some("_INBOX_node-alpha.raw"), b"NATS/1.0\r\nX: \xff\r\nY\r\n\r\n", br#"{"what":"needs","node":"beta"}"#)
+        .await;
     let answer = loop {
         let (line, body) = alpha.next().await;
         assert!(!line.starts_with("-ERR"), "the server refused: {line}");

@@ -4,8 +4,8 @@
 use std::process::Output;
 use std::time::Duration;
 
-use tests::nats::{host_binary, Bus, Host};
 use tests::fixture;
+use tests::nats::{host_binary, Bus, Host};
 
 fn run(args: &[&str]) -> Output {
     std::process::Command::new(host_binary()).args(args).output().expect("run the host binary")
@@ -51,7 +51,13 @@ fn check_passes_the_real_component_and_refuses_bad_ones_with_the_reason() {
     let ok = run(&["check", tests::component_path().to_str().unwrap()]);
     assert!(ok.status.success(), "{}", text(&ok));
     assert!(text(&ok).contains("13 registry kinds"));
-    for (name, why) in [("not-wasm", "not a WebAssembly file"), ("incompatible", "built for mesh:provisioner@0.9.0"), ("publisher", "mesh:provisioner/bus@0.8.0"), ("trap-at-start", "trapped"), ("loop-at-start", "deadline")] {
+    for (name, why) in [
+        ("not-wasm", "not a WebAssembly file"),
+        ("incompatible", "built for mesh:provisioner@0.9.0"),
+        ("publisher", "mesh:provisioner/bus@0.8.0"),
+        ("trap-at-start", "trapped"),
+        ("loop-at-start", "deadline"),
+    ] {
         let out = run(&["check", fixture(name).to_str().unwrap()]);
         assert!(!out.status.success(), "{name} passed the check");
         assert!(text(&out).contains(why), "{name}: {}", text(&out));
@@ -197,8 +203,17 @@ async fn whatever_a_node_wrote_is_shown_escaped_on_every_output() {
     // a refused composition whose reason holds every control a terminal acts on.
     bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.x=1B=5B2J=07=E2=80=AE", br#"{"placeholder":"${config:x}"}"#).await;
     bus.put("node-alpha", "mesh-provisioner_applied", "alpha.app", br#"{"build":"b1","needs":1}"#).await;
-    bus.put("node-alpha", "composed-alpha", "app.b1", "{\"state\":\"refused\",\"reason\":\"bad\\u001b[2J\\u0007\\nFORGED line\\u0000 \\u202eevil\\\"\"}".as_bytes()).await;
-    let s = tests::nats::status_until(&alpha, "alpha", "app", "the need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 1) && s["reason"].as_str().is_some_and(|r| r.contains('\u{1b}'))).await;
+    bus.put(
+        "node-alpha",
+        "composed-alpha",
+        "app.b1",
+        "{\"state\":\"refused\",\"reason\":\"bad\\u001b[2J\\u0007\\nFORGED line\\u0000 \\u202eevil\\\"\"}".as_bytes(),
+    )
+    .await;
+    let s = tests::nats::status_until(&alpha, "alpha", "app", "the need", |s| {
+        s["needs"].as_array().is_some_and(|n| n.len() == 1) && s["reason"].as_str().is_some_and(|r| r.contains('\u{1b}'))
+    })
+    .await;
     assert!(s["needs"][0]["name"].as_str().is_some_and(|n| n.contains('\u{1b}')), "the verb answers the name as it is: {s}");
 
     // The metrics: the Prometheus project's own parser reads the page (a hostile label value
@@ -208,14 +223,27 @@ async fn whatever_a_node_wrote_is_shown_escaped_on_every_output() {
     assert_eq!(raw_controls(&metrics), Vec::<char>::new());
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::write(dir.path().join("metrics.txt"), &metrics).expect("written");
-    let checked = std::process::Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(dir.path().join("metrics.txt")).expect("open")).output().expect("promtool runs (scripts/setup installs it)");
+    let checked = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(dir.path().join("metrics.txt")).expect("open"))
+        .output()
+        .expect("promtool runs (scripts/setup installs it)");
     // `check metrics` also lints names; what matters is that the page parses.
     assert!(!String::from_utf8_lossy(&checked.stderr).contains("parsing error"), "{}", String::from_utf8_lossy(&checked.stderr));
 
     // Every table of `query`, and `verify`: escaped, one line a row.
     let pw = bus.password("node-alpha");
     let conn = ["--nats-url", bus.url(), "--user", "node-alpha", "--password", pw.as_str()];
-    for what in [&["query", "needs"][..], &["query", "applied"], &["query", "status", "--needs"], &["query", "plan", "--node", "alpha", "--module", "app"], &["query", "registry"], &["query", "collect"], &["query", "holders", "--kind", "config", "--name", "x\u{1b}[2J\u{7}\u{202e}"], &["verify"]] {
+    for what in [
+        &["query", "needs"][..],
+        &["query", "applied"],
+        &["query", "status", "--needs"],
+        &["query", "plan", "--node", "alpha", "--module", "app"],
+        &["query", "registry"],
+        &["query", "collect"],
+        &["query", "holders", "--kind", "config", "--name", "x\u{1b}[2J\u{7}\u{202e}"],
+        &["verify"],
+    ] {
         let out = run(&[what, &conn[..]].concat());
         let t = text(&out);
         assert_eq!(raw_controls(&t), Vec::<char>::new(), "{what:?} printed raw controls:\n{t}");

@@ -32,10 +32,7 @@ async fn logs_in_with_a_token() {
     let host = serves(&server, &url, &["--token", "t0ken-for-the-test"], ConnectOptions::with_token("t0ken-for-the-test".into())).await;
     host.stop().await;
     // A wrong token is refused, and the host says so and exits.
-    let out = std::process::Command::new(tests::nats::host_binary())
-        .args(["query", "--nats-url", &url, "--token", "wrong"])
-        .output()
-        .expect("run query");
+    let out = std::process::Command::new(tests::nats::host_binary()).args(["query", "--nats-url", &url, "--token", "wrong"]).output().expect("run query");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).to_lowercase().contains("authorization"), "{}", String::from_utf8_lossy(&out.stderr));
     server.stop().await;
@@ -73,8 +70,12 @@ async fn logs_in_with_a_creds_file() {
     let unlimited = json!({"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true, "conn": -1, "leaf": -1,
         "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1});
     let acc_jwt = jwt(&operator, &account.public_key(), "MESH", json!({"type": "account", "version": 2, "limits": unlimited}));
-    let user_jwt = jwt(&account, &user.public_key(), "mesh-provisioner",
-        json!({"type": "user", "version": 2, "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1}));
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "mesh-provisioner",
+        json!({"type": "user", "version": 2, "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1}),
+    );
     // JetStream needs a system account in operator mode.
     let system = nkeys::KeyPair::new_account();
     let sys_jwt = jwt(&operator, &system.public_key(), "SYS", json!({"type": "account", "version": 2}));
@@ -109,7 +110,23 @@ fn certificates(dir: &std::path::Path) {
     run(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=mesh test CA"]].concat());
     run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat());
     std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
-    run(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf"]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
 }
 
 #[tokio::test]
@@ -124,9 +141,8 @@ async fn logs_in_over_tls_trusting_the_given_ca() {
     );
     let server = RawServer::start(&config(&auth)).await;
     let url = format!("tls://127.0.0.1:{}", server.port);
-    let options = ConnectOptions::with_user_and_password("prov".into(), "pw-for-the-test".into())
-        .add_root_certificates(certs.path().join("ca.pem"))
-        .require_tls(true);
+    let options =
+        ConnectOptions::with_user_and_password("prov".into(), "pw-for-the-test".into()).add_root_certificates(certs.path().join("ca.pem")).require_tls(true);
     let ca = at("ca.pem");
     let host = serves(&server, &url, &["--user", "prov", "--password", "pw-for-the-test", "--tls-ca", &ca, "--tls-required"], options).await;
     // The same query with the CA and without it, while the host serves: only trusting the CA

@@ -52,9 +52,11 @@ fn panel_queries() -> Vec<(String, String)> {
 /// `promtool`, which scripts/setup installs; a test that needs it fails without it rather
 /// than passing unchecked.
 fn promtool(args: &[&str], dir: &Path) -> (bool, String) {
-    let out = Command::new("promtool").args(args).current_dir(dir).output().unwrap_or_else(|e| {
-        panic!("promtool cannot run ({e}): scripts/setup installs it (Debian's prometheus package)")
-    });
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("promtool cannot run ({e}): scripts/setup installs it (Debian's prometheus package)"));
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
@@ -129,7 +131,12 @@ async fn every_metric_a_panel_or_rule_names_is_in_a_real_scrape() {
     // the start, so the first audit names it), a node past its quota, a mirror drifting.
     let operator = async_nats::jetstream::new(bus.client("mesh-operator").await);
     operator
-        .create_stream(async_nats::jetstream::stream::Config { name: "capture".into(), subjects: vec!["mesh-provisioner.notice.>".into()], max_bytes: 1 << 20, ..Default::default() })
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "capture".into(),
+            subjects: vec!["mesh-provisioner.notice.>".into()],
+            max_bytes: 1 << 20,
+            ..Default::default()
+        })
         .await
         .expect("the operator makes a capturing stream");
     let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--node-quota-keys", "1", "--audit-every", "1s"]).await;

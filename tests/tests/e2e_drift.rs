@@ -124,7 +124,9 @@ async fn the_audit_drops_keys_a_whole_bucket_purge_removed() {
 #[tokio::test]
 async fn the_audit_drops_keys_their_buckets_max_age_expired() {
     let o = open("1s", async |js| {
-        js.create_key_value(kv::Config { bucket: NEEDS.into(), history: 1, max_age: Duration::from_secs(2), ..Default::default() }).await.expect("needs with a max age");
+        js.create_key_value(kv::Config { bucket: NEEDS.into(), history: 1, max_age: Duration::from_secs(2), ..Default::default() })
+            .await
+            .expect("needs with a max age");
     })
     .await;
     put_needs(&o.client, 10).await;

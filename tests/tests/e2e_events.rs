@@ -15,8 +15,6 @@ const APPLIED: &str = "mesh-provisioner_applied";
 const ASSIGNMENTS: &str = "mesh-controller_assignments";
 const BOUND: &str = "postgres_bound";
 
-
-
 /// The events heard on `sub` until none came for `quiet` (or none within `first`), at most a
 /// minute.
 async fn heard(sub: &mut async_nats::Subscriber, first: Duration, quiet: Duration) -> Vec<Value> {
@@ -64,8 +62,12 @@ async fn a_provider_assigned_applied_and_moved_is_told_once_per_change_to_whom_i
     denials.expect("Subscription to", "mesh-provisioner.event.beta").await;
     denials.expect("Subscription to", "mesh-provisioner.event.>").await;
     // Nor can it forge one, or a state record (a false `since`), for any node, its own included.
-    for subject in ["mesh-provisioner.event.beta", "mesh-provisioner.event.alpha", "$KV.mesh-provisioner_states.alpha.app", "$KV.mesh-provisioner_states.beta.api"] {
-        spy.publish(subject, r#"{"node":"beta","module":"api","state":"applied","was":"blocked","reason":"forged","since":"2000-01-01T00:00:00Z"}"#.into()).await.unwrap();
+    for subject in
+        ["mesh-provisioner.event.beta", "mesh-provisioner.event.alpha", "$KV.mesh-provisioner_states.alpha.app", "$KV.mesh-provisioner_states.beta.api"]
+    {
+        spy.publish(subject, r#"{"node":"beta","module":"api","state":"applied","was":"blocked","reason":"forged","since":"2000-01-01T00:00:00Z"}"#.into())
+            .await
+            .unwrap();
         spy.flush().await.unwrap();
         denials.expect("Publish to", subject).await;
     }
@@ -160,14 +162,40 @@ async fn a_provider_assigned_applied_and_moved_is_told_once_per_change_to_whom_i
 
     // The operator's view: modules in their state for a while, and the metric of events.
     let out = tokio::process::Command::new(tests::nats::host_binary())
-        .args(["query", "status", "--node", "alpha", "--since", "1s", "--nats-url", bus.url(), "--user", "node-alpha", "--password", &bus.password("node-alpha")])
+        .args([
+            "query",
+            "status",
+            "--node",
+            "alpha",
+            "--since",
+            "1s",
+            "--nats-url",
+            bus.url(),
+            "--user",
+            "node-alpha",
+            "--password",
+            &bus.password("node-alpha"),
+        ])
         .output()
         .await
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("FOR") && text.contains("blocked"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     let out = tokio::process::Command::new(tests::nats::host_binary())
-        .args(["query", "status", "--node", "alpha", "--since", "1h", "--nats-url", bus.url(), "--user", "node-alpha", "--password", &bus.password("node-alpha")])
+        .args([
+            "query",
+            "status",
+            "--node",
+            "alpha",
+            "--since",
+            "1h",
+            "--nats-url",
+            bus.url(),
+            "--user",
+            "node-alpha",
+            "--password",
+            &bus.password("node-alpha"),
+        ])
         .output()
         .await
         .unwrap();
@@ -180,7 +208,15 @@ async fn a_provider_assigned_applied_and_moved_is_told_once_per_change_to_whom_i
 async fn since_survives_a_takeover_and_the_new_holder_tells_nothing_twice() {
     let bus = Bus::start().await;
     bus.create_plan_buckets().await;
-    let spawn = |name: &str| Host::spawn(bus.url(), &bus, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "3s", "--instance", name, "--state-sweep-every", "1s"]);
+    let spawn = |name: &str| {
+        Host::spawn(
+            bus.url(),
+            &bus,
+            tempfile::tempdir().unwrap(),
+            &tests::component_path(),
+            &["--seat-ttl", "3s", "--instance", name, "--state-sweep-every", "1s"],
+        )
+    };
     let (mut one, two) = (spawn("one"), spawn("two"));
     one.wait_serving(&bus).await;
     bus.make_bucket("mesh-config_values").await;
@@ -206,7 +242,9 @@ async fn since_survives_a_takeover_and_the_new_holder_tells_nothing_twice() {
     let start = Instant::now();
     loop {
         if bus.seat_holder().await.as_deref() == Some(if holder == "one" { "two" } else { "one" }) {
-            if let Ok(v) = tokio::time::timeout(Duration::from_secs(1), tests::nats::ask_raw(&asker, br#"{"what":"status","node":"alpha","module":"web"}"#)).await {
+            if let Ok(v) =
+                tokio::time::timeout(Duration::from_secs(1), tests::nats::ask_raw(&asker, br#"{"what":"status","node":"alpha","module":"web"}"#)).await
+            {
                 if matches!(v, Ok((None, _))) {
                     break;
                 }
@@ -251,7 +289,8 @@ async fn a_flood_on_the_event_subjects_reaches_no_page_and_cuts_no_connection() 
     let mut heard = controller.subscribe("mesh-provisioner.event.alpha").await.unwrap();
     controller.flush().await.unwrap();
     let forger = bus.client("mesh-provisioner").await;
-    let forged = json!({"node":"alpha","module":"forged","state":"applied","was":"blocked","reason":"x".repeat(900 * 1024),"since":"2026-12-03T00:00:00Z"}).to_string();
+    let forged =
+        json!({"node":"alpha","module":"forged","state":"applied","was":"blocked","reason":"x".repeat(900 * 1024),"since":"2026-12-03T00:00:00Z"}).to_string();
     for _ in 0..100 {
         forger.publish("mesh-provisioner.event.alpha", forged.clone().into()).await.unwrap();
     }

@@ -87,7 +87,12 @@ async fn holders_until(c: &async_nats::Client, what: &str, cond: impl Fn(&Value)
 }
 
 fn states(v: &Value) -> Vec<String> {
-    v["holders"].as_array().unwrap().iter().map(|h| format!("{}/{}:{}", h["node"].as_str().unwrap(), h["module"].as_str().unwrap(), h["state"].as_str().unwrap())).collect()
+    v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| format!("{}/{}:{}", h["node"].as_str().unwrap(), h["module"].as_str().unwrap(), h["state"].as_str().unwrap()))
+        .collect()
 }
 
 /// Each holder applies the revision at its place now.

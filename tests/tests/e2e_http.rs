@@ -69,7 +69,8 @@ async fn probes_say_the_role_and_readiness_and_metrics_follow_the_requests() {
     assert_eq!(sample(&text, "mesh_provisioner_seat_holder"), Some(1.0), "{text}");
     assert!(sample(&text, "mesh_provisioner_mirror_keys{bucket=\"mesh-provisioner_needs\"}") >= Some(1.0), "{text}");
     assert_eq!(sample(&text, "mesh_provisioner_mirror_in_sync{bucket=\"mesh-provisioner_registry\"}"), Some(1.0), "{text}");
-    let modules: f64 = text.lines().filter(|l| l.starts_with("mesh_provisioner_modules{state=")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    let modules: f64 =
+        text.lines().filter(|l| l.starts_with("mesh_provisioner_modules{state=")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     assert_eq!(modules, 1.0, "alpha/app by its status state: {text}");
     assert!(sample(&text, "mesh_provisioner_guest_instances_created_total") >= Some(1.0), "{text}");
     let (_, _, standby_text) = get(&format!("{two}/metrics")).await;
@@ -104,21 +105,24 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // What the verb says, through the CLI and the bus: the page must agree with it.
-    let out = std::process::Command::new(tests::nats::host_binary())
-        .args(["query", "status", "--json", "--state-dir"])
-        .arg(&dir)
-        .output()
-        .expect("query runs");
+    let out = std::process::Command::new(tests::nats::host_binary()).args(["query", "status", "--json", "--state-dir"]).arg(&dir).output().expect("query runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let verb: Value = serde_json::from_slice(&out.stdout).expect("query --json prints JSON");
     let states = |v: &Value| -> BTreeMap<String, String> {
-        v["entries"].as_array().into_iter().flatten().map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string())).collect()
+        v["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string()))
+            .collect()
     };
     assert_eq!(states(&status), states(&verb), "the page's data and the verb disagree");
 
     let mut b = Browser::open(&format!("{url}/"), 1200, 800).await;
     b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
-    let seen = b.eval("Object.fromEntries([...document.querySelectorAll('td.cell')].map(td => [td.dataset.node + '/' + td.dataset.module, td.firstChild.textContent]))").await;
+    let seen = b
+        .eval("Object.fromEntries([...document.querySelectorAll('td.cell')].map(td => [td.dataset.node + '/' + td.dataset.module, td.firstChild.textContent]))")
+        .await;
     let seen: BTreeMap<String, String> = serde_json::from_value(seen).expect("cells");
     assert_eq!(seen, states(&verb), "what a person sees differs from the verb");
     // Each cell is coloured by its state.
@@ -132,8 +136,16 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
     let title = b.eval("document.getElementById('details-title').textContent").await;
     assert!(title.as_str().unwrap_or("").starts_with("alpha / app"), "{title}");
     let needs = b.eval("[...document.querySelectorAll('#needs tr.need')].map(tr => [...tr.children].map(td => td.textContent))").await;
-    let wanted: Vec<(String, String)> = verb["entries"].as_array().into_iter().flatten().filter(|e| e["node"] == "alpha" && e["module"] == "app").flat_map(|e| e["needs"].as_array().cloned().unwrap_or_default()).map(|n| (n["kind"].as_str().unwrap_or("").to_string(), n["name"].as_str().unwrap_or("").to_string())).collect();
-    let shown: Vec<(String, String)> = needs.as_array().into_iter().flatten().map(|r| (r[0].as_str().unwrap_or("").to_string(), r[1].as_str().unwrap_or("").to_string())).collect();
+    let wanted: Vec<(String, String)> = verb["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["node"] == "alpha" && e["module"] == "app")
+        .flat_map(|e| e["needs"].as_array().cloned().unwrap_or_default())
+        .map(|n| (n["kind"].as_str().unwrap_or("").to_string(), n["name"].as_str().unwrap_or("").to_string()))
+        .collect();
+    let shown: Vec<(String, String)> =
+        needs.as_array().into_iter().flatten().map(|r| (r[0].as_str().unwrap_or("").to_string(), r[1].as_str().unwrap_or("").to_string())).collect();
     assert!(!wanted.is_empty());
     assert_eq!(shown, wanted, "the needs opened are not alpha/app's");
 
@@ -191,7 +203,12 @@ async fn a_node_with_more_modules_than_the_page_shows_of_one_pushes_no_other_nod
         assert!(start.elapsed() < Duration::from_secs(30), "{code} {body}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    let shown: Vec<String> = status["entries"].as_array().into_iter().flatten().map(|e| format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or(""))).collect();
+    let shown: Vec<String> = status["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")))
+        .collect();
     assert_eq!(shown, ["alpha/m000", "alpha/m001", "alpha/m002", "beta/m000", "gamma/m000", "gamma/m001", "gamma/m002"]);
     assert_eq!(status["cut"], json!([{"node": "alpha", "shown": 3}]));
     assert_eq!(status["complete"], json!(true));
@@ -203,5 +220,8 @@ async fn a_node_with_more_modules_than_the_page_shows_of_one_pushes_no_other_nod
     b.until("!!document.body && document.body.dataset.loaded === 'yes'", Duration::from_secs(20)).await;
     let said = b.eval("document.getElementById('error').textContent").await;
     assert!(said.as_str().is_some_and(|s| s.contains("alpha (first 3 modules)")), "{said}");
-    assert_eq!(b.eval("[...document.querySelectorAll('#grid td.cell')].map(td => td.dataset.node + '/' + td.dataset.module).join(' ')").await, json!(shown.join(" ")));
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#grid td.cell')].map(td => td.dataset.node + '/' + td.dataset.module).join(' ')").await,
+        json!(shown.join(" "))
+    );
 }

@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tests::browser::get;
 use tests::nats::{Bus, Host};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// One GET with the `Host` header `host`: the status code.
 async fn get_as(addr: &str, path: &str, host: &str) -> u16 {
@@ -133,11 +133,18 @@ async fn follow(addr: &str) -> (TcpStream, String) {
 #[tokio::test]
 async fn probes_answer_while_event_streams_and_slow_clients_take_every_connection() {
     let bus = Bus::start().await;
-    let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--http-probes", "127.0.0.1:0", "--http-header-timeout", "60s", "--http-max-connections", "20"]).await;
+    let host =
+        Host::start(&bus, &["--http", "127.0.0.1:0", "--http-probes", "127.0.0.1:0", "--http-header-timeout", "60s", "--http-max-connections", "20"]).await;
     let url = host.http_url().await;
     let addr = url.trim_start_matches("http://").to_string();
     let log = host.log_text();
-    let probes = log.lines().find(|l| l.contains("probes alone")).and_then(|l| l.split("url=http://").nth(1)).and_then(|r| r.split_whitespace().next()).map(|a| a.trim_end_matches('/').to_string()).unwrap_or_else(|| panic!("no probes address in the log:\n{log}"));
+    let probes = log
+        .lines()
+        .find(|l| l.contains("probes alone"))
+        .and_then(|l| l.split("url=http://").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .map(|a| a.trim_end_matches('/').to_string())
+        .unwrap_or_else(|| panic!("no probes address in the log:\n{log}"));
     assert_eq!(fetch(&addr, "/healthz").await.0, 200);
 
     // One address follows the events eight times; a ninth is refused with the reason.

@@ -20,19 +20,14 @@ const BOUND: &str = "postgres_bound";
 /// A node's leaf server, rendered from the example file, reaching the hub through `relay`.
 async fn leaf(node: &str, password: &str, relay: &Relay) -> RawServer {
     let template = std::fs::read_to_string(tests::root().join("deploy/leaf-node.conf")).expect("deploy/leaf-node.conf");
-    let config = template
-        .replace("{{NODE}}", node)
-        .replace("{{HUB_URLS}}", &format!("\"nats-leaf://leaf-{node}:{password}@127.0.0.1:{}\"", relay.port));
+    let config = template.replace("{{NODE}}", node).replace("{{HUB_URLS}}", &format!("\"nats-leaf://leaf-{node}:{password}@127.0.0.1:{}\"", relay.port));
     RawServer::start(&config).await
 }
 
 /// A client of the node's leaf server, as the node's processes connect: no password (the leaf
 /// listens on loopback), the library's default inbox.
 async fn local(leaf: &RawServer, node: &str) -> Client {
-    ConnectOptions::new()
-        .connect(format!("nats://127.0.0.1:{}", leaf.port))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {node}'s leaf: {e}"))
+    ConnectOptions::new().connect(format!("nats://127.0.0.1:{}", leaf.port)).await.unwrap_or_else(|e| panic!("connect to {node}'s leaf: {e}"))
 }
 
 /// Asks until the verb answers through the leaf (bounded): the leaf's link is up and the hub
@@ -106,10 +101,15 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
     assert_eq!(tests::keys(&v), Vec::<String>::new(), "beta's keys: {v}");
     // Nor, holding the leaf's password, straight at the hub: its account has no JetStream API
     // (no stream to make that would capture another's subjects) and no other node's subject.
-    let thief = ConnectOptions::with_user_and_password("leaf-alpha".into(), hub.password("leaf-alpha")).connect(hub.urls().split(',').next().unwrap()).await.expect("the leaf's user connects");
+    let thief = ConnectOptions::with_user_and_password("leaf-alpha".into(), hub.password("leaf-alpha"))
+        .connect(hub.urls().split(',').next().unwrap())
+        .await
+        .expect("the leaf's user connects");
     let mut thief_js = jetstream::new(thief.clone());
     thief_js.set_timeout(Duration::from_millis(1500));
-    let made = thief_js.create_stream(jetstream::stream::Config { name: "grab".into(), subjects: vec!["mesh-provisioner.notice.>".into()], ..Default::default() }).await;
+    let made = thief_js
+        .create_stream(jetstream::stream::Config { name: "grab".into(), subjects: vec!["mesh-provisioner.notice.>".into()], ..Default::default() })
+        .await;
     assert!(made.is_err(), "the leaf's user made a stream");
     for forged in [format!("kv.{NEEDS}.beta.app.config.x"), format!("$KV.{NEEDS}.beta.app.config.x")] {
         assert!(!stored(&thief_js, forged.clone()).await, "{forged} from the leaf's user at the hub was stored");
@@ -125,7 +125,12 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
     let mut beta_own = beta.subscribe("mesh-provisioner.notice.beta").await.unwrap();
     alpha.flush().await.unwrap();
     beta.flush().await.unwrap();
-    jetstream::new(beta.clone()).publish(format!("kv.{NEEDS}.beta.app.bound.postgres=2Edb"), "{}".into()).await.unwrap().await.expect("beta writes its own need");
+    jetstream::new(beta.clone())
+        .publish(format!("kv.{NEEDS}.beta.app.bound.postgres=2Edb"), "{}".into())
+        .await
+        .unwrap()
+        .await
+        .expect("beta writes its own need");
     let provider = mesh_provisioner::connect::jetstream_of(hub.client("provider-postgres").await, "provider-postgres");
     let bound = provider.get_key_value(BOUND).await.unwrap();
     // The mirrors follow the need first, so the value's change is told to its holders.

@@ -122,7 +122,14 @@ async fn query_plan_prints_provisions_and_refuses_a_request_without_a_module() {
     let out = run(&["query", "plan", "--node", "alpha", "--module", "app"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    for shown in ["app on alpha: planned", "want b8", "postgres_bound alpha.app.db.ro", "verb mesh-vault.secret", "unanswered: no domain answers the kind \"widget\"", "malformed: a bound need"] {
+    for shown in [
+        "app on alpha: planned",
+        "want b8",
+        "postgres_bound alpha.app.db.ro",
+        "verb mesh-vault.secret",
+        "unanswered: no domain answers the kind \"widget\"",
+        "malformed: a bound need",
+    ] {
         assert!(text.contains(shown), "{shown:?} not in:\n{text}");
     }
     let out = run(&["query", "plan", "--node", "alpha"]);
@@ -264,7 +271,8 @@ async fn kept_plans_of_modules_no_source_names_go_after_the_grace_and_the_direct
     bus.put("node-alpha", "composed-alpha", "app.b1", tests::sample_composition().as_bytes()).await;
     wait_kept(&host, &[("alpha/app", "b1")]).await;
     let js = bus.js("node-alpha").await;
-    let (applied, composed) = (js.get_key_value("mesh-provisioner_applied").await.expect("applied"), js.get_key_value("composed-alpha").await.expect("composed-alpha"));
+    let (applied, composed) =
+        (js.get_key_value("mesh-provisioner_applied").await.expect("applied"), js.get_key_value("composed-alpha").await.expect("composed-alpha"));
     // A node's churn: three rounds of ten new module names, each applied and composed, then
     // deleted. Each round's plans are kept, then go once no source names them.
     for round in 0..3 {

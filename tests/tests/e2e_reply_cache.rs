@@ -106,7 +106,10 @@ accounts { MESH { jetstream: enabled, users: [ { user: "all", password: "all-pw"
     };
     let served = subs_of("mesh-provisioner-service");
     assert!(served.iter().any(|s| s == "mesh-provisioner.provisioning"), "the serving connection: {served:?}\n{body}");
-    assert!(served.iter().all(|s| s.starts_with("mesh-provisioner.") || s.starts_with("$SRV.")), "the serving connection subscribes to more than the verbs: {served:?}");
+    assert!(
+        served.iter().all(|s| s.starts_with("mesh-provisioner.") || s.starts_with("$SRV.")),
+        "the serving connection subscribes to more than the verbs: {served:?}"
+    );
     let buckets = subs_of("mesh-provisioner");
     assert!(buckets.iter().any(|s| s.starts_with("_INBOX")), "the mirrors' consumers deliver on the buckets' connection: {buckets:?}");
     host.stop().await;

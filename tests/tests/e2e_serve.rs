@@ -305,7 +305,9 @@ async fn srv_ping_and_info_name_the_component() {
         .collect();
     for (i, name) in ["provisioning", "plan"].into_iter().enumerate() {
         let m = &info["endpoints"][i]["metadata"];
-        for (field, file) in [("request_schema", format!("{name}.request.json")), ("response_schema", format!("{name}.reply.json")), ("error_schema", "error.json".to_string())] {
+        for (field, file) in
+            [("request_schema", format!("{name}.request.json")), ("response_schema", format!("{name}.reply.json")), ("error_schema", "error.json".to_string())]
+        {
             let id = m[field].as_str().unwrap_or_else(|| panic!("{name} names no {field}: {m}"));
             assert_eq!(ids.get(id), Some(&file), "{name}'s {field} {id} is no schema of docs/schema/");
         }
@@ -345,7 +347,11 @@ accounts { MESH { jetstream: enabled, users: [
 async fn a_failed_reconcile_is_retried_within_seconds_not_at_the_next_tick() {
     let server = tests::nats::RawServer::start(REGISTRY_DENIED).await;
     let url = format!("nats://127.0.0.1:{}", server.port);
-    let host = Host::spawn_as(tempfile::tempdir().unwrap(), &tests::component_path(), &["--nats-url", &url, "--user", "prov", "--password", "prov-pw", "--seat-ttl", "2s"]);
+    let host = Host::spawn_as(
+        tempfile::tempdir().unwrap(),
+        &tests::component_path(),
+        &["--nats-url", &url, "--user", "prov", "--password", "prov-pw", "--seat-ttl", "2s"],
+    );
     let start = std::time::Instant::now();
     while !host.log_text().contains("registry reconcile failed") {
         assert!(start.elapsed() < Duration::from_secs(30), "the denied reconcile never failed:\n{}", host.log_text());
@@ -381,7 +387,12 @@ async fn a_failed_reconcile_is_retried_within_seconds_not_at_the_next_tick() {
         if keys.len() == 13 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(40), "the registry was not written after the grant came back ({} keys):\n{}", keys.len(), host.log_text());
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the registry was not written after the grant came back ({} keys):\n{}",
+            keys.len(),
+            host.log_text()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     host.stop().await;

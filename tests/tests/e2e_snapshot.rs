@@ -212,7 +212,8 @@ async fn a_snapshot_of_another_stream_or_a_damaged_or_foreign_file_is_refused_an
     assert_eq!(mesh.answered("needs").await, remade);
     assert_eq!(mesh.answered("applied").await, keys("alpha", 0..7));
     assert_eq!(mesh.answered("collect").await, keys("alpha", 0..6));
-    for why in ["of another stream (the bucket was made anew)", "checksum does not match", "of bucket \"mesh-provisioner_needs\", not mesh-provisioner_collect"] {
+    for why in ["of another stream (the bucket was made anew)", "checksum does not match", "of bucket \"mesh-provisioner_needs\", not mesh-provisioner_collect"]
+    {
         logged(&host, why).await;
     }
     mesh.verified().await;

@@ -39,11 +39,15 @@ impl Drop for Vault {
     }
 }
 
-
 fn check(s: &Value, kind: &str, name: &str) -> String {
-    s["needs"].as_array().into_iter().flatten().find(|n| n["kind"] == kind && n["name"] == name).map(|n| n["check"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+    s["needs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["kind"] == kind && n["name"] == name)
+        .map(|n| n["check"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
 }
-
 
 #[tokio::test]
 async fn every_state_and_check_follows_the_mesh_as_it_changes() {
@@ -120,7 +124,16 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    for want in ["STATE", "blocked", "nothing_needed", "never_ran", "secret:db_password", "no_provider", "verb mesh-vault.secret", "mesh-config_values alpha.app.db_url"] {
+    for want in [
+        "STATE",
+        "blocked",
+        "nothing_needed",
+        "never_ran",
+        "secret:db_password",
+        "no_provider",
+        "verb mesh-vault.secret",
+        "mesh-config_values alpha.app.db_url",
+    ] {
         assert!(text.contains(want), "`query status --needs` lacks {want:?}:\n{text}");
     }
     assert!(!text.contains("\x1b["), "colours on a pipe:\n{text}");

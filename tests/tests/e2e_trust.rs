@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use tests::nats::{host_binary, Bus, Host};
 use tests::{fixture, install};
 
-
 /// The one cached artifact of the state directory.
 fn artifact(state: &Path) -> PathBuf {
     let dir = state.join("components");
@@ -100,7 +99,18 @@ async fn with_a_trust_key_only_signed_components_load() {
     install(&tests::component_path(), &component);
     // Unsigned: the server does not start.
     let unsigned = std::process::Command::new(host_binary())
-        .args(["serve", "--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner"), "--trust-key", &public, "--component"])
+        .args([
+            "serve",
+            "--nats-url",
+            bus.url(),
+            "--user",
+            "mesh-provisioner",
+            "--password",
+            &bus.password("mesh-provisioner"),
+            "--trust-key",
+            &public,
+            "--component",
+        ])
         .arg(&component)
         .arg("--state-dir")
         .arg(dir.path().join("state"))
@@ -139,7 +149,18 @@ async fn with_a_trust_key_only_signed_components_load() {
 
     // Nor at a restart on the same state directory; an operator's deliberate downgrade is a flag.
     let out = std::process::Command::new(host_binary())
-        .args(["serve", "--nats-url", bus.url(), "--user", "mesh-provisioner", "--password", &bus.password("mesh-provisioner"), "--trust-key", &public, "--component"])
+        .args([
+            "serve",
+            "--nats-url",
+            bus.url(),
+            "--user",
+            "mesh-provisioner",
+            "--password",
+            &bus.password("mesh-provisioner"),
+            "--trust-key",
+            &public,
+            "--component",
+        ])
         .arg(&component)
         .arg("--state-dir")
         .arg(state.path())

@@ -25,7 +25,6 @@ async fn still_answers(c: &async_nats::Client, what: &str) {
     assert_eq!(keys(&v).len(), 13, "after {what}: {v}");
 }
 
-
 #[tokio::test]
 async fn swaps_to_a_new_version_under_load_without_losing_a_request() {
     let bus = Bus::start().await;

@@ -206,11 +206,15 @@ fn event(bucket: &str, key: &str, revision: u64) -> Event {
 }
 
 fn notices(b: &Arc<MemoryBackend>, e: &Event) -> Vec<Value> {
-    holders::notices(&Native(b.clone()), e).expect("notices").iter().map(|n| {
-        let v: Value = serde_json::from_slice(&n.body).unwrap();
-        assert_eq!(v["node"], n.node.as_str());
-        v
-    }).collect()
+    holders::notices(&Native(b.clone()), e)
+        .expect("notices")
+        .iter()
+        .map(|n| {
+            let v: Value = serde_json::from_slice(&n.body).unwrap();
+            assert_eq!(v["node"], n.node.as_str());
+            v
+        })
+        .collect()
 }
 
 #[test]

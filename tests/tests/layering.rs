@@ -140,7 +140,12 @@ fn the_host_runs_on_one_thread() {
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "main.rs does not run on one thread");
     let threaded: Vec<String> = host_code()
         .iter()
-        .flat_map(|(file, code)| code_lines(code).filter(|l| l.contains("new_multi_thread") || l.contains("flavor = \"multi_thread\"")).map(move |l| format!("{file}: {l}")).collect::<Vec<_>>())
+        .flat_map(|(file, code)| {
+            code_lines(code)
+                .filter(|l| l.contains("new_multi_thread") || l.contains("flavor = \"multi_thread\""))
+                .map(move |l| format!("{file}: {l}"))
+                .collect::<Vec<_>>()
+        })
         .collect();
     assert!(threaded.is_empty(), "{}", threaded.join("\n"));
 }
@@ -167,7 +172,12 @@ fn every_architecture_invariant_names_a_test_that_exists() {
     let invariants: Vec<&str> = doc.split("**Architecture Invariant:**").skip(1).map(|p| p.split("\n\n").next().unwrap_or_default()).collect();
     assert!(invariants.len() >= 20, "found {} invariants", invariants.len());
     for inv in invariants {
-        let named: Vec<&str> = inv.split('`').skip(1).step_by(2).filter(|s| s.contains("::") && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':')).collect();
+        let named: Vec<&str> = inv
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| s.contains("::") && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':'))
+            .collect();
         assert!(!named.is_empty(), "an invariant names no test:\n{inv}");
         for t in named {
             assert!(test_exists(t), "ARCHITECTURE.md names {t}, which is no test:\n{inv}");

@@ -280,7 +280,8 @@ async fn a_status_reply_is_kept_only_while_its_discovery_count_is() {
     b.put("mesh-provisioner_needs", "alpha.app.secret.db_password", br#"{"part":"api"}"#);
     b.set_responders("mesh-vault", 1);
     let backend = b.clone() as Arc<dyn Backend>;
-    let ask = || guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20);
+    let ask =
+        || guest.handle(backend.clone(), Limits::default(), "mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha","module":"app"}"#, 1 << 20);
     let first = ask().await.unwrap();
     assert!(String::from_utf8_lossy(&first.body).contains("\"responders\":1"), "{}", String::from_utf8_lossy(&first.body));
     let reads = b.reads();
@@ -352,7 +353,12 @@ async fn the_same_request_arriving_while_it_is_answered_waits_for_that_answer() 
         .collect();
     let start = std::time::Instant::now();
     while gated.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 || guest.requests_waiting() < 15 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(30), "after 30 s {} calls reached the backend and {} asks wait", gated.entered.load(std::sync::atomic::Ordering::SeqCst), guest.requests_waiting());
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "after 30 s {} calls reached the backend and {} asks wait",
+            gated.entered.load(std::sync::atomic::Ordering::SeqCst),
+            guest.requests_waiting()
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     assert_eq!(guest.requests_waiting(), 15);

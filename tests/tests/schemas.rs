@@ -3,7 +3,6 @@
 //! broken answer does not, and the request schemas accept exactly what the request readers
 //! accept (identifiers, fields per `what`, `limit`, cursor length).
 
-
 use guest::fuzzing::MemEnv;
 use guest::keys;
 use proptest::prelude::*;
@@ -42,7 +41,10 @@ fn docs_schema_holds_exactly_what_the_types_say() {
     on_disk.sort();
     let mut names: Vec<String> = generated.iter().map(|(n, _)| n.to_string()).collect();
     names.sort();
-    assert!(drifted.is_empty(), "docs/schema/ differs from the types for {drifted:?}: run `{REGENERATE}=1 cargo test -p tests --test schemas` and review the diff");
+    assert!(
+        drifted.is_empty(),
+        "docs/schema/ differs from the types for {drifted:?}: run `{REGENERATE}=1 cargo test -p tests --test schemas` and review the diff"
+    );
     assert_eq!(on_disk, names, "docs/schema/ holds a schema no type writes, or lacks one");
 }
 

@@ -16,11 +16,7 @@ fn systemd_takes_the_unit_without_a_warning() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("mesh-provisioner.service");
     std::fs::write(&path, &text).expect("write the unit");
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&path)
-        .output()
-        .expect("systemd-analyze runs (scripts/setup installs it)");
+    let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("systemd-analyze runs (scripts/setup installs it)");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "systemd-analyze verify failed: {said}");
     let about_ours: Vec<&str> = said.lines().filter(|l| l.contains("mesh-provisioner.service")).collect();

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use guest::env::{Entry, Env, HostError, Level, Page};
 use guest::checks::Check;
+use guest::env::{Entry, Env, HostError, Level, Page};
 use guest::status::{self, State};
 use guest::verb::{handle, Code, PROVISIONING};
 use mesh_provisioner::backend::MemoryBackend;
@@ -251,7 +251,19 @@ fn lists_every_module_known_from_any_source_once_in_key_order() {
     b.put(NEEDS, "alpha.app-x-y.config.a", b"{}");
     b.put(APPLIED, "alpha.ap", br#"{"build":"b1","needs":0}"#);
     b.put("composed-gamma", "engine-only.e1", br#"{"state":"refused","reason":"no"}"#);
-    let all = ["alpha.ap", "alpha.app", "alpha.app-x", "alpha.app-x-y", "alpha.web", "beta.cache", "beta.metrics", "gamma.engine-only", "gamma.odd", "gamma.postgres", "gamma.worker"];
+    let all = [
+        "alpha.ap",
+        "alpha.app",
+        "alpha.app-x",
+        "alpha.app-x-y",
+        "alpha.web",
+        "beta.cache",
+        "beta.metrics",
+        "gamma.engine-only",
+        "gamma.odd",
+        "gamma.postgres",
+        "gamma.worker",
+    ];
     for limit in [1, 2, 3, 1000] {
         assert_eq!(listed(&b, json!({"what":"status","limit":limit}), 1 << 20), all, "limit {limit}");
     }
@@ -355,7 +367,11 @@ fn a_status_page_after_a_node_starts_with_the_next_nodes_first_module() {
     let v = page(&b, json!({"what":"status","after_node":"alpha","limit":1}), 1 << 20);
     assert_eq!(listed(&b, json!({"what":"status","after":v["next"]}), 1 << 20), ["gamma.g1"]);
     // Not with `after`, and only an identifier.
-    for (q, says) in [(json!({"what":"status","after_node":"alpha","after":"x"}), "both given"), (json!({"what":"status","after_node":"a.b"}), "not an identifier"), (json!({"what":"needs","after_node":"alpha"}), "does not apply")] {
+    for (q, says) in [
+        (json!({"what":"status","after_node":"alpha","after":"x"}), "both given"),
+        (json!({"what":"status","after_node":"a.b"}), "not an identifier"),
+        (json!({"what":"needs","after_node":"alpha"}), "does not apply"),
+    ] {
         let reply = handle(&Native(b.clone()), PROVISIONING, q.to_string().as_bytes(), 1 << 20);
         assert_eq!(reply.code, Code::BadRequest);
         assert!(String::from_utf8_lossy(&reply.body).contains(says), "{q}: {}", String::from_utf8_lossy(&reply.body));

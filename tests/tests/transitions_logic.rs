@@ -82,7 +82,10 @@ fn a_change_is_told_once_with_the_state_it_left_and_since_when() {
     let t = &r.transitions[0];
     assert_eq!((t.key.as_str(), t.node.as_str(), t.state), ("alpha.app", "alpha", "degraded"));
     let e = event(t);
-    assert_eq!((e["node"].as_str(), e["module"].as_str(), e["state"].as_str(), e["was"].as_str()), (Some("alpha"), Some("app"), Some("degraded"), Some("applied")));
+    assert_eq!(
+        (e["node"].as_str(), e["module"].as_str(), e["state"].as_str(), e["was"].as_str()),
+        (Some("alpha"), Some("app"), Some("degraded"), Some("applied"))
+    );
     assert_eq!(e["since"], "2026-12-01T10:05:00Z");
     assert!(e["reason"].as_str().unwrap().contains("config:db_url"), "{e}");
     assert!(t.expected > 0, "a compare-and-set on the record read");
@@ -143,10 +146,16 @@ fn a_providers_assignment_moves_every_module_waiting_for_it() {
     write(&b, &run(&b, &[(NEEDS, None)], "2026-12-01T10:00:30Z"));
     b.put(ASSIGNMENTS, "gamma.redis", br#"{"want":"r1"}"#);
     let r = run(&b, &[(ASSIGNMENTS, Some("gamma.redis"))], "2026-12-01T10:01:00Z");
-    let moved: Vec<(&str, Option<String>)> = r.transitions.iter().filter(|t| t.event.is_some()).map(|t| (t.key.as_str(), event(t)["state"].as_str().map(str::to_string))).collect();
+    let moved: Vec<(&str, Option<String>)> =
+        r.transitions.iter().filter(|t| t.event.is_some()).map(|t| (t.key.as_str(), event(t)["state"].as_str().map(str::to_string))).collect();
     assert_eq!(
         moved,
-        [("alpha.cache", Some("pending".into())), ("beta.cache", Some("pending".into())), ("gamma.cache", Some("pending".into())), ("gamma.redis", Some("never_ran".into()))],
+        [
+            ("alpha.cache", Some("pending".into())),
+            ("beta.cache", Some("pending".into())),
+            ("gamma.cache", Some("pending".into())),
+            ("gamma.redis", Some("never_ran".into()))
+        ],
         "each consumer once, and the provider itself"
     );
     for t in r.transitions.iter().filter(|t| t.key.ends_with(".cache")) {
@@ -197,11 +206,8 @@ fn a_module_known_by_one_source_alone_is_never_gone() {
     let b = recorded("2026-12-01T10:00:00Z");
     // alpha.web's one need goes; each time one other source alone still knows the module.
     b.delete(NEEDS, "alpha.web.config.base_url");
-    let sources: [(&str, &str, &[u8]); 3] = [
-        (NEEDS, "alpha.web.config", b"{}"),
-        (ASSIGNMENTS, "alpha.web", br#"{"want":"b1"}"#),
-        (APPLIED, "alpha.web", br#"{"build":"b1","needs":0}"#),
-    ];
+    let sources: [(&str, &str, &[u8]); 3] =
+        [(NEEDS, "alpha.web.config", b"{}"), (ASSIGNMENTS, "alpha.web", br#"{"want":"b1"}"#), (APPLIED, "alpha.web", br#"{"build":"b1","needs":0}"#)];
     for (bucket, key, value) in sources {
         b.put(bucket, key, value);
         let r = run(&b, &[(bucket, Some(key))], "2026-12-01T10:03:00Z");

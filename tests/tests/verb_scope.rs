@@ -16,10 +16,8 @@ use serde_json::{json, Value};
 use tests::native::Native;
 
 /// Tokens keys are made of: identifiers, good and bad escapes, wildcard-looking and empty ones.
-const TOKENS: &[&str] = &[
-    "alpha", "beta", "app", "web", "config", "secret", "x=2Ey", "shell=3Azsh", "environment", "=3a", "=61", "=4", "a=3Db", "",
-    "-lead", "é",
-];
+const TOKENS: &[&str] =
+    &["alpha", "beta", "app", "web", "config", "secret", "x=2Ey", "shell=3Azsh", "environment", "=3a", "=61", "=4", "a=3Db", "", "-lead", "é"];
 const NODES: &[&str] = &["alpha", "beta", "gamma"];
 const MODULES: &[&str] = &["app", "web", "config"];
 const KINDS: &[&str] = &["config", "secret", "app"];
@@ -31,11 +29,7 @@ fn key() -> impl Strategy<Value = String> {
 }
 
 fn value() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        Just(b"{}".to_vec()),
-        (0usize..3000).prop_map(|n| format!("\"{}\"", "v".repeat(n)).into_bytes()),
-        prop::collection::vec(any::<u8>(), 0..64),
-    ]
+    prop_oneof![Just(b"{}".to_vec()), (0usize..3000).prop_map(|n| format!("\"{}\"", "v".repeat(n)).into_bytes()), prop::collection::vec(any::<u8>(), 0..64),]
 }
 
 /// A request: what, its narrowing (field, value), and the tokens the narrowing fixes

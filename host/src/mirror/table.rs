@@ -212,7 +212,7 @@ impl Sorted {
     }
 
     fn push_unchecked(&mut self, key: &str, revision: u64, value: &[u8]) {
-        let shared = if self.len % BLOCK == 0 {
+        let shared = if self.len.is_multiple_of(BLOCK) {
             let at = self.arena.len();
             while (at >> 32) > self.wraps.len() {
                 self.wraps.push(self.blocks.len() as u32);
@@ -461,7 +461,10 @@ pub(crate) struct Built {
 impl Job {
     /// Merges the base's current records and the delta into a new base (no lock held).
     pub(crate) fn build(self) -> Built {
-        let mut out = Sorted::with_capacity(self.base.len() + self.delta.len(), self.base.arena.len() + self.delta.iter().map(|(k, v)| k.len() + v.value.len()).sum::<usize>());
+        let mut out = Sorted::with_capacity(
+            self.base.len() + self.delta.len(),
+            self.base.arena.len() + self.delta.iter().map(|(k, v)| k.len() + v.value.len()).sum::<usize>(),
+        );
         let mut delta = self.delta.iter().peekable();
         let mut w = self.base.walk_from(0);
         while let Some((pos, key, revision, value)) = w.next_record() {
@@ -875,7 +878,10 @@ mod tests {
 
     #[test]
     fn keys_sharing_a_prefix_are_stored_once_and_read_back_whole_from_any_position() {
-        let keys: Vec<String> = (0..100).map(|i| format!("alpha.m{:06}.config.name{}", i / 10, i % 10)).chain(["alpha.é.x".to_string(), "alpha.é.y".to_string(), "alpha.éa".to_string()]).collect();
+        let keys: Vec<String> = (0..100)
+            .map(|i| format!("alpha.m{:06}.config.name{}", i / 10, i % 10))
+            .chain(["alpha.é.x".to_string(), "alpha.é.y".to_string(), "alpha.éa".to_string()])
+            .collect();
         let mut keys = keys;
         keys.sort();
         let mut s = Sorted::new();
@@ -949,7 +955,8 @@ mod tests {
                     let got: Vec<String> = t.by_token(slot, token, None).unwrap().map(|e| e.0.into_owned()).filter(|k| slot.token(k) == Some(token)).collect();
                     assert_eq!(got.iter().collect::<Vec<_>>(), want, "seed {seed} {slot:?} {token}");
                     if let Some(mid) = want.get(want.len() / 2) {
-                        let rest: Vec<String> = t.by_token(slot, token, Some(mid)).unwrap().map(|e| e.0.into_owned()).filter(|k| slot.token(k) == Some(token)).collect();
+                        let rest: Vec<String> =
+                            t.by_token(slot, token, Some(mid)).unwrap().map(|e| e.0.into_owned()).filter(|k| slot.token(k) == Some(token)).collect();
                         assert_eq!(rest, want[want.len() / 2 + 1..].iter().map(|k| k.to_string()).collect::<Vec<_>>());
                     }
                 }
@@ -974,7 +981,8 @@ mod tests {
         assert!(t.install(job.build()).is_some());
         let raw = t.base.raw_bytes();
         assert_eq!(raw, 100_000 * (26 + value.len()));
-        let held = t.base.arena.capacity() + t.base.blocks.capacity() * 4 + t.dead.0.capacity() * 8 + t.indexes.iter().map(|i| i.base.capacity() * 4).sum::<usize>();
+        let held =
+            t.base.arena.capacity() + t.base.blocks.capacity() * 4 + t.dead.0.capacity() * 8 + t.indexes.iter().map(|i| i.base.capacity() * 4).sum::<usize>();
         // 45 bytes of value, ~5 of key past what it shares with the key before, 4 of lengths and
         // revision, 4 of index: ~0.83 of the raw 71.
         assert!(held < raw * 85 / 100, "{held} bytes held for {raw} raw: sorted keys share most of their bytes");

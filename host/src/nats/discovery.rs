@@ -24,10 +24,7 @@ impl NatsBackend {
         }
         let inbox = self.client.new_inbox();
         let mut replies = self.client.subscribe(inbox.clone()).await.map_err(|e| down(e.to_string()))?;
-        self.client
-            .publish_with_reply(format!("$SRV.PING.{service}"), inbox, bytes::Bytes::new())
-            .await
-            .map_err(|e| down(e.to_string()))?;
+        self.client.publish_with_reply(format!("$SRV.PING.{service}"), inbox, bytes::Bytes::new()).await.map_err(|e| down(e.to_string()))?;
         self.pings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = tokio::time::Instant::now();
         let mut ids = std::collections::HashSet::new();
@@ -39,7 +36,10 @@ impl NatsBackend {
             }
             // Each instance names itself; an answer without an id (or too long to be a ping's
             // answer: another account's service answers this) still counts once.
-            let id = (m.payload.len() <= MAX_ANSWER).then(|| serde_json::from_slice::<serde_json::Value>(&m.payload).ok()).flatten().and_then(|v| v["id"].as_str().map(str::to_string));
+            let id = (m.payload.len() <= MAX_ANSWER)
+                .then(|| serde_json::from_slice::<serde_json::Value>(&m.payload).ok())
+                .flatten()
+                .and_then(|v| v["id"].as_str().map(str::to_string));
             ids.insert(id.unwrap_or_else(|| format!("anonymous-{}", ids.len())));
             if ids.len() >= MAX_INSTANCES {
                 break;

@@ -219,19 +219,18 @@ impl Follower {
                 return refused;
             }
         }
-        let opened = bounded(
-            || format!("watching {bucket}"),
-            async {
-                let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
-                // The watch first, then the state: a bucket emptied between the two reads as
-                // empty (ready at once), where the other order would wait for a replay of
-                // nothing. The state is read fresh: a store's status is as of its opening.
-                // After a snapshot: every message since it, deletes included, in order.
-                let watch = super::watch::Watch::open(&self.js, &kv, resumed, info.config.max_messages_per_subject).await?;
-                let state = crate::bucket::stream_state(&self.js, bucket).await?.ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
-                Ok::<_, Error>((state, watch))
-            },
-        );
+        let opened = bounded(|| format!("watching {bucket}"), async {
+            let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
+            // The watch first, then the state: a bucket emptied between the two reads as
+            // empty (ready at once), where the other order would wait for a replay of
+            // nothing. The state is read fresh: a store's status is as of its opening.
+            // After a snapshot: every message since it, deletes included, in order.
+            let watch = super::watch::Watch::open(&self.js, &kv, resumed, info.config.max_messages_per_subject).await?;
+            let state = crate::bucket::stream_state(&self.js, bucket)
+                .await?
+                .ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
+            Ok::<_, Error>((state, watch))
+        });
         let (state, mut watch) = match opened.await {
             Ok(o) => o,
             Err(e) => return Followed::Lost(Err(e)),
@@ -305,7 +304,10 @@ impl Follower {
                 Some(log) => {
                     let logged = if deleted { log.delete(key, entry.revision) } else { log.put(key, entry.revision, &entry.value) };
                     if !logged {
-                        return Followed::Lost(Err(Error::new(ErrorKind::Invalid, format!("{bucket}: a message of {} bytes at {key:?}, past what a mirror holds", entry.value.len()))));
+                        return Followed::Lost(Err(Error::new(
+                            ErrorKind::Invalid,
+                            format!("{bucket}: a message of {} bytes at {key:?}, past what a mirror holds", entry.value.len()),
+                        )));
                     }
                     if let Some(refused) = self.over_budget(&staged, log.bytes()) {
                         return refused;

@@ -25,15 +25,12 @@ impl NatsBackend {
         }
         let mut found = Vec::new();
         for subject in CAPTURED_NEVER {
-            let names: jetstream::response::Response<Names> = bounded(
-                || format!("listing streams that capture {subject}"),
-                async {
-                    self.js
-                        .request("STREAM.NAMES", &serde_json::json!({ "subject": subject }))
-                        .await
-                        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing streams that capture {subject}: {e}")))
-                },
-            )
+            let names: jetstream::response::Response<Names> = bounded(|| format!("listing streams that capture {subject}"), async {
+                self.js
+                    .request("STREAM.NAMES", &serde_json::json!({ "subject": subject }))
+                    .await
+                    .map_err(|e| Error::new(ErrorKind::Unavailable, format!("listing streams that capture {subject}: {e}")))
+            })
             .await?;
             match names {
                 jetstream::response::Response::Ok(n) => found.extend(n.streams.unwrap_or_default().into_iter().map(|s| (s, subject.to_string()))),

@@ -283,7 +283,10 @@ impl Backend for NatsBackend {
         Box::pin(async move {
             self.check_writable()?;
             crate::mirror::check_subject(key, false)?;
-            bounded(|| format!("deleting registry key {key}"), async { self.registry.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("registry delete", e)) }).await?;
+            bounded(|| format!("deleting registry key {key}"), async {
+                self.registry.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("registry delete", e))
+            })
+            .await?;
             // The delete's revision is not returned: its marker, read back, has it.
             let marker = bounded(|| format!("reading registry key {key}"), async {
                 self.registry.entry(key).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("reading registry key {key}: {e}")))

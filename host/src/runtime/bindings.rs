@@ -48,11 +48,7 @@ const IMPORT_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
 /// Runs an import's work within the call's deadline: a mirror that is slow to sync or a bus that
 /// does not answer can never hold a call (and so a reply) past it. What ran out is a `timeout`,
 /// named by `what` (written only then: imports are on every request's path).
-async fn bounded<T>(
-    deadline: std::time::Instant,
-    what: impl FnOnce() -> String,
-    work: impl std::future::Future<Output = crate::error::Result<T>>,
-) -> R<T> {
+async fn bounded<T>(deadline: std::time::Instant, what: impl FnOnce() -> String, work: impl std::future::Future<Output = crate::error::Result<T>>) -> R<T> {
     let until = deadline.checked_sub(IMPORT_MARGIN).unwrap_or(deadline);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(until), work).await {
         Ok(done) => done,

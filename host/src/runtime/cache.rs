@@ -100,7 +100,11 @@ impl Read {
             Read::Once { holds } | Read::Discovery { holds, .. } => holds.holds(),
             Read::Kept { version } => backend.kept().version() == *version,
         };
-        if same { Now::Same } else { Now::Stale }
+        if same {
+            Now::Same
+        } else {
+            Now::Stale
+        }
     }
 }
 
@@ -108,7 +112,10 @@ impl Read {
 enum Now {
     Same,
     /// A mirror changed, not where the call read it: at this version, with this revision now.
-    Moved { version: u64, revision: u64 },
+    Moved {
+        version: u64,
+        revision: u64,
+    },
     Stale,
 }
 

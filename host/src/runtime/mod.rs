@@ -24,13 +24,14 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use bindings::{Imports, Provisioner, ProvisionerPre};
 /// The WIT types a caller of the runtime sees, as bindgen generates them (no host copies):
 /// `BuildInfo`, the reports of `reconcile`, `refresh`, `notices` and `transitions`, and what
 /// they carry.
-pub use bindings::api::{BuildInfo, Change, Notice, NoticeReport, ReconcileReport, RefreshReport, ReplyCode, RevisionSlot, Transition, TransitionReport, ValueEvent};
+pub use bindings::api::{
+    BuildInfo, Change, Notice, NoticeReport, ReconcileReport, RefreshReport, ReplyCode, RevisionSlot, Transition, TransitionReport, ValueEvent,
+};
+use bindings::{Imports, Provisioner, ProvisionerPre};
 pub use cache::Read;
-
 
 /// How often the epoch advances: a long call yields this often and is checked against its deadline.
 pub const TICK: Duration = Duration::from_millis(5);
@@ -269,11 +270,7 @@ impl Runtime {
         let ty = component.component_type();
         let names: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).chain(ty.exports(&self.engine).map(|(n, _)| n.to_string())).collect();
         let ours = crate::WIT_VERSION.rsplit_once('@').map(|(_, v)| v).unwrap_or_default();
-        let other = names
-            .iter()
-            .filter_map(|n| n.strip_prefix("mesh:provisioner/"))
-            .filter_map(|n| n.rsplit_once('@').map(|(_, v)| v))
-            .find(|v| *v != ours);
+        let other = names.iter().filter_map(|n| n.strip_prefix("mesh:provisioner/")).filter_map(|n| n.rsplit_once('@').map(|(_, v)| v)).find(|v| *v != ours);
         let why = match other {
             Some(v) => format!("the component was built for mesh:provisioner@{v}; this host speaks {}", crate::WIT_VERSION),
             None => format!("the component does not fit the WIT world ({})", crate::WIT_VERSION),
@@ -299,10 +296,7 @@ impl Runtime {
         }
         let component = Component::new(&self.engine, bytes).map_err(guest_err("compiling the component"))?;
         if let Some(p) = path {
-            let written = component
-                .serialize()
-                .map_err(|e| e.to_string())
-                .and_then(|art| crate::trust::write_artifact(&p, &art).map_err(|e| e.to_string()));
+            let written = component.serialize().map_err(|e| e.to_string()).and_then(|art| crate::trust::write_artifact(&p, &art).map_err(|e| e.to_string()));
             if let Err(e) = written {
                 tracing::warn!(path = %p.display(), "could not cache the compiled component: {e}");
             }
@@ -408,11 +402,7 @@ impl Guest {
                 // Every tick a long call yields to the executor (so it never holds a thread
                 // that the seat's renewals need) until its deadline, when it is interrupted.
                 store.epoch_deadline_callback(|ctx| {
-                    Ok(if std::time::Instant::now() >= ctx.data().deadline {
-                        wasmtime::UpdateDeadline::Interrupt
-                    } else {
-                        wasmtime::UpdateDeadline::Yield(1)
-                    })
+                    Ok(if std::time::Instant::now() >= ctx.data().deadline { wasmtime::UpdateDeadline::Interrupt } else { wasmtime::UpdateDeadline::Yield(1) })
                 });
                 store.set_epoch_deadline(1);
                 let api = match self.pre.instantiate_async(&mut store).await {
@@ -466,49 +456,99 @@ impl Guest {
     }
 
     pub async fn info(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<BuildInfo> {
-        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_info(&mut i.store).await; (i, r) })).await
+        self.call(backend, limits, None, |mut i| {
+            Box::pin(async move {
+                let r = i.api.mesh_provisioner_api().call_info(&mut i.store).await;
+                (i, r)
+            })
+        })
+        .await
     }
 
     pub async fn compile_registry(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<(String, Vec<u8>)>> {
-        let rows = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_compile_registry(&mut i.store).await; (i, r) })).await?;
+        let rows = self
+            .call(backend, limits, None, |mut i| {
+                Box::pin(async move {
+                    let r = i.api.mesh_provisioner_api().call_compile_registry(&mut i.store).await;
+                    (i, r)
+                })
+            })
+            .await?;
         Ok(rows.into_iter().map(|r| (r.kind, r.value)).collect())
     }
 
     /// Reconciles the registry; the inner error is the store's or writer's failure as the guest
     /// reported it.
     pub async fn reconcile(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Result<ReconcileReport, String>> {
-        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_reconcile(&mut i.store).await; (i, r) })).await?;
+        let r = self
+            .call(backend, limits, None, |mut i| {
+                Box::pin(async move {
+                    let r = i.api.mesh_provisioner_api().call_reconcile(&mut i.store).await;
+                    (i, r)
+                })
+            })
+            .await?;
         Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets whose changes can move a plan (a trailing `*`: a prefix).
     pub async fn plan_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_plan_inputs(&mut i.store).await; (i, r) })).await
+        self.call(backend, limits, None, |mut i| {
+            Box::pin(async move {
+                let r = i.api.mesh_provisioner_api().call_plan_inputs(&mut i.store).await;
+                (i, r)
+            })
+        })
+        .await
     }
 
     /// Recomputes the plans `changes` can move; the inner error is a store failure as the guest
     /// reported it.
     pub async fn refresh(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change]) -> Result<Result<RefreshReport, String>> {
         let r = self
-            .call(backend, limits, Some("refresh"), |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_refresh(&mut i.store, changes).await; (i, r) }))
+            .call(backend, limits, Some("refresh"), |mut i| {
+                Box::pin(async move {
+                    let r = i.api.mesh_provisioner_api().call_refresh(&mut i.store, changes).await;
+                    (i, r)
+                })
+            })
             .await?;
         Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets notices come from (names, or one `*` in a name).
     pub async fn notice_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notice_inputs(&mut i.store).await; (i, r) })).await
+        self.call(backend, limits, None, |mut i| {
+            Box::pin(async move {
+                let r = i.api.mesh_provisioner_api().call_notice_inputs(&mut i.store).await;
+                (i, r)
+            })
+        })
+        .await
     }
 
     /// The notices `events` send; the inner error is a store failure as the guest reported it.
     pub async fn notices(&self, backend: Arc<dyn Backend>, limits: Limits, events: &[ValueEvent]) -> Result<Result<NoticeReport, String>> {
-        let r = self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_notices(&mut i.store, events).await; (i, r) })).await?;
+        let r = self
+            .call(backend, limits, None, |mut i| {
+                Box::pin(async move {
+                    let r = i.api.mesh_provisioner_api().call_notices(&mut i.store, events).await;
+                    (i, r)
+                })
+            })
+            .await?;
         Ok(r.map_err(|e| format!("{e:?}")))
     }
 
     /// The buckets a module's state depends on (names, or one `*` in a name).
     pub async fn status_inputs(&self, backend: Arc<dyn Backend>, limits: Limits) -> Result<Vec<String>> {
-        self.call(backend, limits, None, |mut i| Box::pin(async move { let r = i.api.mesh_provisioner_api().call_status_inputs(&mut i.store).await; (i, r) })).await
+        self.call(backend, limits, None, |mut i| {
+            Box::pin(async move {
+                let r = i.api.mesh_provisioner_api().call_status_inputs(&mut i.store).await;
+                (i, r)
+            })
+        })
+        .await
     }
 
     /// The state records and events `changes` move; the inner error is a store failure as the
@@ -516,7 +556,10 @@ impl Guest {
     pub async fn transitions(&self, backend: Arc<dyn Backend>, limits: Limits, changes: &[Change], now: &str) -> Result<Result<TransitionReport, String>> {
         let r = self
             .call(backend, limits, Some("transitions"), |mut i| {
-                Box::pin(async move { let r = i.api.mesh_provisioner_api().call_transitions(&mut i.store, changes, now).await; (i, r) })
+                Box::pin(async move {
+                    let r = i.api.mesh_provisioner_api().call_transitions(&mut i.store, changes, now).await;
+                    (i, r)
+                })
             })
             .await?;
         Ok(r.map_err(|e| format!("{e:?}")))
@@ -552,7 +595,14 @@ impl Guest {
     }
 
     /// One call of the guest's `handle`, and what it read (see [`cache`]).
-    pub async fn handle_uncached(&self, backend: Arc<dyn Backend>, limits: Limits, verb: &str, body: &[u8], max_reply: u32) -> Result<(Reply, Option<Vec<cache::Read>>)> {
+    pub async fn handle_uncached(
+        &self,
+        backend: Arc<dyn Backend>,
+        limits: Limits,
+        verb: &str,
+        body: &[u8],
+        max_reply: u32,
+    ) -> Result<(Reply, Option<Vec<cache::Read>>)> {
         // Recorded only for the cache: with it off, a call's reads are not worth the copies.
         let record = self.runtime.options.reply_cache;
         let (r, reads) = self
@@ -573,7 +623,9 @@ impl Guest {
 fn call_err(limits: &Limits, hit: Hit, e: wasmtime::Error) -> Error {
     let what = match (hit, e.downcast_ref::<Trap>()) {
         (Hit::Instance, _) => format!("the guest exhausted its memory limit of {} bytes", limits.memory),
-        (Hit::Budget(total), _) => format!("the guests' memory budget of {total} bytes is spent (--guest-memory-total); this call was stopped, the others go on"),
+        (Hit::Budget(total), _) => {
+            format!("the guests' memory budget of {total} bytes is spent (--guest-memory-total); this call was stopped, the others go on")
+        }
         (Hit::None, Some(Trap::Interrupt)) => format!("the guest ran past its deadline of {:?}", limits.deadline),
         (Hit::None, Some(t)) => format!("the guest trapped: {t}"),
         (Hit::None, None) => format!("the guest failed: {e:#}"),
