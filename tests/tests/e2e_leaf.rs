@@ -133,8 +133,18 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
         .expect("beta writes its own need");
     let provider = mesh_provisioner::connect::jetstream_of(hub.client("provider-postgres").await, "provider-postgres");
     let bound = provider.get_key_value(BOUND).await.unwrap();
-    // The mirrors follow the need first, so the value's change is told to its holders.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The mirrors follow both needs first (the verb lists both holders), so the value's change
+    // is told to each.
+    let start = std::time::Instant::now();
+    loop {
+        let v = ask_ok(&beta, json!({"what":"holders","kind":"bound","name":"postgres.db"})).await;
+        let nodes: Vec<&str> = v["holders"].as_array().into_iter().flatten().filter_map(|e| e["node"].as_str()).collect();
+        if nodes.contains(&"alpha") && nodes.contains(&"beta") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the holders never listed alpha and beta: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let rev_alpha = bound.put("alpha.app.db", r#"{"password":"one"}"#.into()).await.unwrap();
     bound.put("beta.app.db", r#"{"password":"one"}"#.into()).await.unwrap();
     let got = heard(&mut own, Duration::from_secs(10)).await;
