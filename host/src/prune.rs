@@ -55,6 +55,7 @@ impl Pruner {
         let now = Instant::now();
         let mut removed = Vec::new();
         let mut still = HashMap::new();
+        let kept_before = listed.len();
         for (node, module) in listed {
             // Named, or not known now: kept, and its grace starts again.
             if self.named(&node, &module).await != Some(false) {
@@ -75,8 +76,9 @@ impl Pruner {
         }
         self.unnamed = still;
         let dir = self.state_dir.clone();
-        let (bytes, plans) =
-            tokio::task::spawn_blocking(move || (size_of(&dir), crate::kept::KeptPlans::files(dir.join("plans")).list().len())).await.unwrap_or_default();
+        // The plans kept now: those listed, less those removed (no second walk of the folder).
+        let plans = kept_before - removed.len();
+        let bytes = tokio::task::spawn_blocking(move || size_of(&dir)).await.unwrap_or_default();
         let m = crate::metrics::metrics();
         m.state_dir_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         m.kept_plans.set(i64::try_from(plans).unwrap_or(i64::MAX));

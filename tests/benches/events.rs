@@ -45,17 +45,7 @@ async fn run() {
     bus.make_bucket("postgres_bound").await;
     let host = Host::start(&bus, &[]).await;
     let c = bus.client("node-beta").await;
-    let echo = bus.client("mesh-provisioner-service").await;
-    let mut sub = echo.subscribe(ECHO).await.expect("subscribe");
-    let responder = echo.clone();
-    tokio::spawn(async move {
-        while let Some(m) = sub.next().await {
-            if let Some(r) = m.reply {
-                let _ = responder.publish(r, m.payload).await;
-            }
-        }
-    });
-    echo.flush().await.expect("flush");
+    tests::bench::echo(&bus.client("mesh-provisioner-service").await, ECHO).await;
     let controller = bus.client("mesh-controller").await;
     let mut events = controller.subscribe("mesh-provisioner.event.>").await.expect("subscribe");
     controller.flush().await.expect("flush");

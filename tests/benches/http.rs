@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
-use futures::StreamExt;
 use tests::bench::throughput;
 use tests::browser::{get, Browser};
 use tests::nats::{Bus, Host};
@@ -41,16 +40,7 @@ async fn quantiles(c: &Client, subject: &str, body: &[u8], n: usize) -> (Duratio
 /// A bare echo through the node's import of the provisioner's $SRV subjects, answered as its
 /// serving user (which may answer $SRV.*.mesh-provisioner.>): the verb's own path.
 async fn serve_echo(bus: &Bus) {
-    let vault = bus.client("mesh-provisioner-service").await;
-    let mut echo = vault.subscribe(ECHO).await.expect("echo");
-    let responder = vault.clone();
-    tokio::spawn(async move {
-        while let Some(m) = echo.next().await {
-            if let Some(r) = m.reply {
-                let _ = responder.publish(r, m.payload).await;
-            }
-        }
-    });
+    tests::bench::echo(&bus.client("mesh-provisioner-service").await, ECHO).await;
 }
 
 /// (p50 ratio to echo, throughput ratio to echo) of the needs query against `host`.

@@ -113,16 +113,7 @@ async fn measure(nodes: &[String], shares: bool) -> Figures {
     }
 
     // The real host: its start, and the narrowed query against an echo on the same server.
-    let echo = client.subscribe(ECHO).await.expect("subscribe");
-    let responder = client.clone();
-    tokio::spawn(async move {
-        let mut echo = echo;
-        while let Some(m) = echo.next().await {
-            if let Some(r) = m.reply {
-                let _ = responder.publish(r, m.payload).await;
-            }
-        }
-    });
+    tests::bench::echo(&client, ECHO).await;
     let t = Instant::now();
     let args = ["--nats-url", url.as_str(), "--user", "all", "--password", "all-pw", "--no-reply-cache", "--no-snapshots"];
     let host = Host::spawn_as(tempfile::tempdir().expect("dir"), &tests::component_path(), &args);

@@ -8,6 +8,22 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 
+/// Answers every request on `subject` with its own body, as `client`: a bare NATS echo, the
+/// floor a verb's round trip is measured against. Subscribed (and flushed) before it returns.
+pub async fn echo(client: &Client, subject: &str) {
+    use futures::StreamExt;
+    let mut requests = client.subscribe(subject.to_string()).await.expect("the echo subscribes");
+    client.flush().await.expect("flush");
+    let responder = client.clone();
+    tokio::spawn(async move {
+        while let Some(m) = requests.next().await {
+            if let Some(r) = m.reply {
+                let _ = responder.publish(r, m.payload).await;
+            }
+        }
+    });
+}
+
 /// The `p` quantile (0–1) of `v` (sorted here).
 pub fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
