@@ -145,8 +145,9 @@ impl api::Guest for Component {
     }
 
     fn notices(events: Vec<api::ValueEvent>) -> Result<api::NoticeReport, types::HostError> {
-        use crate::holders::Event;
-        let events: Vec<Event> = events.into_iter().map(|e| Event { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect();
+        use crate::holders::HolderEvent;
+        let events: Vec<HolderEvent> =
+            events.into_iter().map(|e| HolderEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect();
         let (notices, rest) = crate::holders::notify(&Imports, &events).map_err(wit_error)?;
         Ok(api::NoticeReport {
             notices: notices.into_iter().map(|n| api::Notice { node: n.node, body: n.body }).collect(),

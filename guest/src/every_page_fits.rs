@@ -3,8 +3,8 @@
 //! the one error that says an item cannot fit at all. The property behind `max_payload`: the
 //! bus never refuses a reply for its size. Test-only; it sits above `verb`.
 
-use crate::fuzzing::MemEnv;
 use crate::keys::{APPLIED, ASSIGNMENTS, COLLECT, NEEDS, REGISTRY};
+use crate::mem_env::MemEnv;
 use crate::verb::{handle, Code, MIN_REPLY, PROVISIONING};
 use proptest::prelude::*;
 use serde_json::{json, Value};

@@ -1,86 +1,20 @@
 //! The checks the fuzz targets run (`fuzz/`), one per decoder of bytes others control, kept here
 //! so that an ordinary `cargo test` replays every corpus input through the very same checks on
-//! stable (`tests/tests/fuzz_corpus.rs`). Each check panics on a broken property, not only on a
+//! stable (`tests/tests/logic/fuzz_corpus.rs`). Each check panics on a broken property, not only on a
 //! crash: a key that parses re-encodes to itself, an escape round-trips, a value passed through
 //! reads back as the same bytes, every answer is JSON within its budget.
 //!
 //! Built only with the `fuzzing` feature; the component never contains it.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
-
 use serde_json::Value;
 
-use crate::env::{Entry, Env, HostError, Level, Page};
+use crate::env::Env;
 use crate::escape::{decode, encode, is_identifier};
 use crate::keys;
-
-/// One bucket: key → (revision, value).
-type Bucket = BTreeMap<String, (u64, Vec<u8>)>;
+use crate::mem_env::MemEnv;
 
 /// A check, by the fuzz target's name.
-pub type Check = fn(&[u8]);
-
-/// A bucket store for the checks: ordered keys, NATS subject filters.
-#[derive(Default)]
-pub struct MemEnv {
-    buckets: Mutex<BTreeMap<String, Bucket>>,
-    revision: Mutex<u64>,
-}
-
-impl MemEnv {
-    pub fn put(&self, bucket: &str, key: &str, value: &[u8]) {
-        let mut r = self.revision.lock().unwrap_or_else(|p| p.into_inner());
-        *r += 1;
-        let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        b.entry(bucket.into()).or_default().insert(key.into(), (*r, value.to_vec()));
-    }
-}
-
-impl Env for MemEnv {
-    fn get(&self, bucket: &str, key: &str) -> Result<Option<Entry>, HostError> {
-        let b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(b.get(bucket).and_then(|m| m.get(key)).map(|(r, v)| Entry { key: key.into(), revision: *r, value: v.clone() }))
-    }
-    fn scan(&self, bucket: &str, filter: &str, after: Option<&str>, limit: u32) -> Result<Page, HostError> {
-        let b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let mut page = Page::default();
-        for (k, (r, v)) in b.get(bucket).into_iter().flatten() {
-            if after.is_some_and(|a| k.as_str() <= a) || !crate::holders::matches(filter, k) {
-                continue;
-            }
-            if page.len() == limit as usize {
-                page.more = true;
-                break;
-            }
-            page.revision = page.revision.max(*r);
-            page.push(k, *r, v);
-        }
-        Ok(page)
-    }
-    fn exists(&self, bucket: &str) -> Result<bool, HostError> {
-        Ok(self.buckets.lock().unwrap_or_else(|p| p.into_inner()).contains_key(bucket))
-    }
-    fn responders(&self, _: &str) -> Result<u32, HostError> {
-        Ok(1)
-    }
-    fn put_registry(&self, _: &str, _: &[u8], _: u64) -> Result<u64, HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn delete_registry(&self, _: &str, _: u64) -> Result<(), HostError> {
-        Err(HostError::Denied("read-only".into()))
-    }
-    fn log(&self, _: Level, _: &str) {}
-    fn load_plan(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>, HostError> {
-        Ok(None)
-    }
-    fn save_plan(&self, _: &str, _: &str, _: &[u8]) -> Result<(), HostError> {
-        Ok(())
-    }
-    fn keep_failure(&self, _: &str, module: &str) -> Option<String> {
-        (module == "app").then(|| "No space left on device".into())
-    }
-}
+pub type Target = fn(&[u8]);
 
 /// The reply of `verb` to `body` over `env`: JSON, within `budget`, an error body for every code
 /// but ok.
@@ -192,7 +126,7 @@ pub fn plan(data: &[u8]) {
     }
     answered(&env, crate::verb::PROVISIONING, br#"{"what":"status","node":"alpha"}"#, 1 << 20);
     answered(&env, crate::verb::PROVISIONING, br#"{"what":"holders","kind":"bound","name":"postgres.db"}"#, 1 << 20);
-    let event = crate::holders::Event { bucket: "postgres_bound".into(), key: "alpha.app.db".into(), revision: 9, deleted: false };
+    let event = crate::holders::HolderEvent { bucket: "postgres_bound".into(), key: "alpha.app.db".into(), revision: 9, deleted: false };
     for n in crate::holders::notices(&env, &event).unwrap_or_default() {
         serde_json::from_slice::<Value>(&n.body).expect("a notice is JSON");
     }
@@ -253,4 +187,4 @@ fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 /// The checks by target name, for the corpus replay.
-pub const TARGETS: [(&str, Check); 6] = [("request", request), ("keys", keys), ("escape", escape), ("plan", plan), ("applied", applied), ("value", value)];
+pub const TARGETS: [(&str, Target); 6] = [("request", request), ("keys", keys), ("escape", escape), ("plan", plan), ("applied", applied), ("value", value)];

@@ -118,11 +118,11 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
     let mut list: Vec<Box<RawValue>> = Vec::new();
     let (mut last, mut cut, mut all_current) = (None::<String>, false, true);
     // `count` and `all_current` are learned holder by holder: measured at their widest.
-    let widest = Page { what: "holders", kind, name, holders: Vec::new(), count: page.holders.len(), all_current: false, next: None };
+    let widest = HolderPage { what: "holders", kind, name, holders: Vec::new(), count: page.holders.len(), all_current: false, next: None };
     let uncut = if page.more { page.last.as_deref() } else { None };
     let mut room = PageBudget::new(budget, &to_json(&widest), uncut);
     for h in &page.holders {
-        let item = raw(&Line::of(h));
+        let item = raw(&HolderLine::of(h));
         let key = format!("{}.{}", h.node, h.module);
         if !room.take(&[(0, item.get())], &key) {
             if last.is_none() {
@@ -144,20 +144,20 @@ pub fn answer(env: &dyn Env, kind: &str, name: &str, node: Option<&str>, after: 
         None
     };
     let count = list.len();
-    Ok(room.finish(to_json(&Page { what: "holders", kind, name, holders: list, count, all_current, next })))
+    Ok(room.finish(to_json(&HolderPage { what: "holders", kind, name, holders: list, count, all_current, next })))
 }
 
 /// A page of `holders`.
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "HoldersPage"))]
-pub(crate) struct Page<'a> {
+pub(crate) struct HolderPage<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::holders_what"))]
     what: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     kind: &'a str,
     name: &'a str,
     /// One module each, in `<node>.<module>` order.
-    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<HolderLine<'static>>"))]
     holders: Vec<Box<RawValue>>,
     /// How many holders this page lists.
     count: usize,
@@ -171,7 +171,7 @@ pub(crate) struct Page<'a> {
 /// One holder, as `holders` lists it.
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "Holder"))]
-struct Line<'a> {
+struct HolderLine<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
@@ -187,10 +187,10 @@ struct Line<'a> {
     reason: &'a str,
 }
 
-impl<'a> Line<'a> {
+impl<'a> HolderLine<'a> {
     fn of(h: &'a Holder) -> Self {
         let g = &h.generation;
-        Line {
+        HolderLine {
             node: &h.node,
             module: &h.module,
             source: sources(h.recorded, h.planned),
@@ -205,7 +205,7 @@ impl<'a> Line<'a> {
 
 /// A put or delete the host saw in a bucket that answers needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub struct HolderEvent {
     pub bucket: String,
     pub key: String,
     pub revision: u64,
@@ -234,23 +234,9 @@ pub fn inputs() -> Vec<String> {
     out
 }
 
-/// Whether the NATS subject `filter` matches `key`.
-pub(crate) fn matches(filter: &str, key: &str) -> bool {
-    let (mut f, mut k) = (filter.split('.'), key.split('.'));
-    loop {
-        match (f.next(), k.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 /// The notices one event sends: one per module whose need (recorded or planned) is placed at
 /// the event's key, whatever kinds answer from that bucket.
-pub fn notices(env: &dyn Env, event: &Event) -> Result<Vec<Notice>, HostError> {
+pub fn notices(env: &dyn Env, event: &HolderEvent) -> Result<Vec<Notice>, HostError> {
     // Every bucket place begins `<node>.`: the node is the key's first token, and a place per
     // module continues `<module>.`.
     let mut tokens = event.key.split('.');
@@ -301,7 +287,7 @@ pub fn notices(env: &dyn Env, event: &Event) -> Result<Vec<Notice>, HostError> {
         needs.dedup_by(|a, b| a.kind == b.kind && a.name == b.name);
         for need in needs {
             let provision::Resolved::Bucket { bucket, place, wild, .. } = provision::resolve(&n, &m, &need) else { continue };
-            if bucket != event.bucket || !(place == event.key || wild && matches(&place, &event.key)) {
+            if bucket != event.bucket || !(place == event.key || wild && crate::keys::matches(&place, &event.key)) {
                 continue;
             }
             let body = to_json(&NoticeBody {
@@ -347,7 +333,7 @@ struct NoticePlace<'a> {
 pub const MAX_EVENTS: usize = 2000;
 
 /// The notices of a slice of `events`, and the events left for another call.
-pub fn notify(env: &dyn Env, events: &[Event]) -> Result<(Vec<Notice>, Vec<Event>), HostError> {
+pub fn notify(env: &dyn Env, events: &[HolderEvent]) -> Result<(Vec<Notice>, Vec<HolderEvent>), HostError> {
     let (now, rest) = events.split_at(events.len().min(MAX_EVENTS));
     let mut out = Vec::new();
     for e in now {

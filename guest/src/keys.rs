@@ -243,6 +243,20 @@ pub fn parse_bound(key: &str) -> Result<BoundKey, String> {
     })
 }
 
+/// Whether the NATS subject `filter` matches `key`.
+pub(crate) fn matches(filter: &str, key: &str) -> bool {
+    let (mut f, mut k) = (filter.split('.'), key.split('.'));
+    loop {
+        match (f.next(), k.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

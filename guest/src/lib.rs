@@ -18,6 +18,8 @@ mod every_page_fits;
 pub mod fuzzing;
 pub mod holders;
 pub mod keys;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod mem_env;
 pub mod modules;
 pub mod plan;
 pub mod provision;

@@ -24,7 +24,7 @@ pub const KEPT_FORMAT: u64 = 1;
 
 /// A module's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub enum PlanState {
     Planned,
     Held,
     Waiting,
@@ -33,21 +33,21 @@ pub enum State {
 /// Why a build is read for a module.
 pub const ROLES: [&str; 3] = ["want", "have", "newest"];
 
-impl State {
-    pub const ALL: [State; 3] = [State::Planned, State::Held, State::Waiting];
+impl PlanState {
+    pub const ALL: [PlanState; 3] = [PlanState::Planned, PlanState::Held, PlanState::Waiting];
 
     pub fn name(self) -> &'static str {
         match self {
-            State::Planned => "planned",
-            State::Held => "held",
-            State::Waiting => "waiting",
+            PlanState::Planned => "planned",
+            PlanState::Held => "held",
+            PlanState::Waiting => "waiting",
         }
     }
 }
 
 /// One source of a build: the build it names, or why it names none readable.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Source {
+enum ValueSource {
     Absent,
     Build(String),
     Odd(String),
@@ -161,11 +161,11 @@ enum Composition {
 
 /// One build read for a module, and what it gives.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
+pub struct KeptEntry {
     /// Why this build is read: `want`, `have`, `newest`.
     pub roles: Vec<&'static str>,
     pub build: Option<String>,
-    pub state: State,
+    pub state: PlanState,
     pub reason: Option<String>,
     /// The plan given: this build's, or the kept one's (`plan_build` says which).
     pub plan: Option<(String, Body)>,
@@ -179,7 +179,7 @@ pub struct Plan {
     pub want: Option<String>,
     pub have: Option<String>,
     pub newest: Option<String>,
-    pub entries: Vec<Entry>,
+    pub entries: Vec<KeptEntry>,
     /// A newly published plan for the first entry that differs from the kept one.
     pub to_keep: Option<Kept>,
     /// Why the host could not keep this module's plan the last time it tried (its state
@@ -191,31 +191,31 @@ pub struct Plan {
 }
 
 /// The record at `key` of `bucket`, if any, and its `field` read as a build.
-fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(Option<crate::env::Entry>, Source), HostError> {
+fn source(env: &dyn Env, bucket: &str, key: &str, field: &str) -> Result<(Option<crate::env::Entry>, ValueSource), HostError> {
     let Some(e) = env.get(bucket, key)? else {
-        return Ok((None, Source::Absent));
+        return Ok((None, ValueSource::Absent));
     };
     let build = field_of(bucket, key, &e.value, field);
     Ok((Some(e), build))
 }
 
 /// `field` of a record as a build.
-fn field_of(bucket: &str, key: &str, value: &[u8], field: &str) -> Source {
+fn field_of(bucket: &str, key: &str, value: &[u8], field: &str) -> ValueSource {
     // The one field, not a tree of the record: read for every module a status lists.
     let raw = match crate::value::field(value, field) {
         Ok(raw) => raw,
-        Err(()) => return Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
+        Err(()) => return ValueSource::Odd(format!("{bucket} {key:?} is not a JSON object")),
     };
-    let Some(raw) = raw else { return Source::Absent };
+    let Some(raw) = raw else { return ValueSource::Absent };
     match serde_json::from_str::<Value>(raw.get()) {
-        Ok(Value::Null) => Source::Absent,
+        Ok(Value::Null) => ValueSource::Absent,
         Ok(Value::String(b)) => match identifier_problem(&b) {
-            None => Source::Build(b),
-            Some(p) => Source::Odd(format!("{bucket} {key:?}: `{field}` {p}")),
+            None => ValueSource::Build(b),
+            Some(p) => ValueSource::Odd(format!("{bucket} {key:?}: `{field}` {p}")),
         },
-        Ok(other) => Source::Odd(format!("{bucket} {key:?}: `{field}` is not a build name: {}", shorten(&other.to_string()))),
+        Ok(other) => ValueSource::Odd(format!("{bucket} {key:?}: `{field}` is not a build name: {}", shorten(&other.to_string()))),
         // Read already by `field`: never reached.
-        Err(_) => Source::Odd(format!("{bucket} {key:?} is not a JSON object")),
+        Err(_) => ValueSource::Odd(format!("{bucket} {key:?} is not a JSON object")),
     }
 }
 
@@ -267,10 +267,10 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     let (_, newest) = source(env, BUILDS, module, "newest")?;
 
     // The first entry: the want, or with no want the have; then the newest if another build.
-    let mut reads: Vec<(Vec<&'static str>, Source)> = Vec::new();
+    let mut reads: Vec<(Vec<&'static str>, ValueSource)> = Vec::new();
     match (&want, &have) {
-        (Source::Absent, Source::Absent) => {}
-        (Source::Absent, have) => reads.push((vec!["have"], have.clone())),
+        (ValueSource::Absent, ValueSource::Absent) => {}
+        (ValueSource::Absent, have) => reads.push((vec!["have"], have.clone())),
         (want, _) => reads.push((vec!["want"], want.clone())),
     }
     // A module with neither an assignment nor an applied record on this node is not on it: no
@@ -278,7 +278,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     // follow their buckets).
     match reads.first_mut() {
         Some((roles, first)) if *first == newest => roles.push("newest"),
-        _ if newest != Source::Absent && (assigned || applied.is_some()) => reads.push((vec!["newest"], newest.clone())),
+        _ if newest != ValueSource::Absent && (assigned || applied.is_some()) => reads.push((vec!["newest"], newest.clone())),
         _ => {}
     }
 
@@ -286,7 +286,7 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
     let mut read = Vec::with_capacity(reads.len());
     for (roles, src) in reads {
         read.push(match src {
-            Source::Build(b) => {
+            ValueSource::Build(b) => {
                 // A compositions bucket the host refuses to read (its stream is not a bucket)
                 // holds this module as an unreadable composition would, with the reason; it
                 // never fails the answer for the rest of the mesh.
@@ -297,8 +297,8 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
                 };
                 (roles, Some(b), c)
             }
-            Source::Odd(why) => (roles, None, Composition::Not(why)),
-            Source::Absent => (roles, None, Composition::Not("no build".into())),
+            ValueSource::Odd(why) => (roles, None, Composition::Not(why)),
+            ValueSource::Absent => (roles, None, Composition::Not("no build".into())),
         });
     }
     let needs_kept = keeping || read.iter().any(|(_, _, c)| matches!(c, Composition::Not(_)));
@@ -323,18 +323,18 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
                 if keeping && i == 0 && differs {
                     to_keep = Some(Kept { build: b.clone(), plan: plan.clone() });
                 }
-                (State::Planned, None, Some((b, plan)))
+                (PlanState::Planned, None, Some((b, plan)))
             }
             (Composition::Not(why), Ok(Some(k))) => {
-                (State::Held, Some(format!("{why}; held on the plan kept from {}", k.build)), Some((k.build.clone(), k.plan.clone())))
+                (PlanState::Held, Some(format!("{why}; held on the plan kept from {}", k.build)), Some((k.build.clone(), k.plan.clone())))
             }
-            (Composition::Not(why), Ok(None)) => (State::Waiting, Some(format!("{why}; no plan was kept")), None),
-            (Composition::Not(why), Err(unreadable)) => (State::Waiting, Some(format!("{why}; {unreadable}")), None),
+            (Composition::Not(why), Ok(None)) => (PlanState::Waiting, Some(format!("{why}; no plan was kept")), None),
+            (Composition::Not(why), Err(unreadable)) => (PlanState::Waiting, Some(format!("{why}; {unreadable}")), None),
         };
-        entries.push(Entry { roles, build, state, reason, plan });
+        entries.push(KeptEntry { roles, build, state, reason, plan });
     }
-    let named = |s: &Source| match s {
-        Source::Build(b) => Some(b.clone()),
+    let named = |s: &ValueSource| match s {
+        ValueSource::Build(b) => Some(b.clone()),
         _ => None,
     };
     Ok(Plan {
@@ -352,18 +352,18 @@ pub fn compute(env: &dyn Env, node: &str, module: &str, keeping: bool) -> Result
 
 impl Plan {
     /// The module's state and its reason: its first entry's, or `waiting` with nothing to plan.
-    pub fn state(&self) -> (State, Option<String>) {
+    pub fn state(&self) -> (PlanState, Option<String>) {
         match self.entries.first() {
             Some(e) => (e.state, e.reason.clone()),
             None if self.newest.is_some() => (
-                State::Waiting,
+                PlanState::Waiting,
                 Some(format!(
                     "nothing to plan: {} has no want and no applied build on {}: it is not on that node (the indexer's newest build is not read for it)",
                     self.module, self.node
                 )),
             ),
             None => (
-                State::Waiting,
+                PlanState::Waiting,
                 Some(format!("nothing to plan: {} on {} has no want, no applied build, and the indexer knows no build of it", self.module, self.node)),
             ),
         }
@@ -378,7 +378,7 @@ impl Plan {
         let entries = self
             .entries
             .iter()
-            .map(|e| Line {
+            .map(|e| StepLine {
                 roles: &e.roles,
                 build: e.build.as_deref(),
                 state: e.state.name(),
@@ -388,7 +388,7 @@ impl Plan {
                 provisions: e.plan.as_ref().map(|(_, p)| p.needs.iter().map(|listed| provision::provision(&self.node, &self.module, listed)).collect()),
             })
             .collect();
-        to_json(&Answer {
+        to_json(&PlanAnswer {
             node: &self.node,
             module: &self.module,
             state: state.name(),
@@ -405,7 +405,7 @@ impl Plan {
 /// The answer of `mesh-provisioner.plan`.
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "Plan"))]
-pub(crate) struct Answer<'a> {
+pub(crate) struct PlanAnswer<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
@@ -422,12 +422,12 @@ pub(crate) struct Answer<'a> {
     newest: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     not_kept: Option<String>,
-    entries: Vec<Line<'a>>,
+    entries: Vec<StepLine<'a>>,
 }
 /// One build read for the module, and what it gives.
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "PlanBuild"))]
-struct Line<'a> {
+struct StepLine<'a> {
     #[serde(rename = "as")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::roles"))]
     roles: &'a [&'static str],

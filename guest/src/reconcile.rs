@@ -12,7 +12,7 @@ use crate::registry;
 
 /// What a reconciliation did, key by key.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct ReconcileReport {
     pub puts: Vec<String>,
     pub deletes: Vec<String>,
     pub unchanged: Vec<String>,
@@ -39,10 +39,10 @@ pub fn scan_after(env: &dyn Env, bucket: &str, filter: &str, after: Option<&str>
     }
 }
 
-pub fn reconcile(env: &dyn Env) -> Result<Report, HostError> {
+pub fn reconcile(env: &dyn Env) -> Result<ReconcileReport, HostError> {
     let wanted: BTreeMap<String, Vec<u8>> = registry::compile().into_iter().collect();
     let stored = scan_all(env, REGISTRY, ">")?;
-    let mut report = Report::default();
+    let mut report = ReconcileReport::default();
     let mut seen = BTreeMap::new();
 
     for entry in stored {
@@ -77,7 +77,7 @@ pub fn reconcile(env: &dyn Env) -> Result<Report, HostError> {
 }
 
 /// One compare-and-set write; a lost race is recorded, any other failure ends the pass.
-fn write(env: &dyn Env, report: &mut Report, key: &str, value: Option<&Vec<u8>>, expected: u64) -> Result<(), HostError> {
+fn write(env: &dyn Env, report: &mut ReconcileReport, key: &str, value: Option<&Vec<u8>>, expected: u64) -> Result<(), HostError> {
     let result = match value {
         Some(v) => env.put_registry(key, v, expected).map(|_| ()),
         None => env.delete_registry(key, expected),

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use crate::env::{Env, HostError, Level};
 use crate::keys::{self, composed_node, parse_applied, parse_assignment, parse_builds, parse_composed, APPLIED, ASSIGNMENTS, BUILDS};
-use crate::plan::{self, State};
+use crate::plan::{self, PlanState};
 use crate::reconcile::scan_all;
 
 /// The buckets whose changes can move a plan; a trailing `*` is a prefix.
@@ -35,7 +35,7 @@ fn continuation(bucket: &str, key: &str) -> (String, Option<String>) {
 
 /// What one refresh did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct RefreshReport {
     pub computed: u32,
     pub kept: Vec<String>,
     pub held: Vec<String>,
@@ -106,13 +106,13 @@ fn module_change(node: &str, module: &str) -> (String, Option<String>) {
 }
 
 /// Recomputes what `changes` can move and keeps what is newly published.
-pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Report, HostError> {
+pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<RefreshReport, HostError> {
     let mut pairs = Pairs::new();
     let mut sweeps = Vec::new();
     for (bucket, key) in changes {
         affected(env, bucket, key.as_deref(), &mut pairs, &mut sweeps)?;
     }
-    let mut report = Report::default();
+    let mut report = RefreshReport::default();
     // One page of each bucket being swept; a sweep from the start replaces one in progress.
     sweeps.sort();
     sweeps.dedup_by(|later, earlier| later.0 == earlier.0);
@@ -149,9 +149,9 @@ pub fn refresh(env: &dyn Env, changes: &[(String, Option<String>)]) -> Result<Re
         let (state, reason) = p.state();
         let line = || format!("{node}/{module}: {}", reason.as_deref().unwrap_or(""));
         match state {
-            State::Planned => {}
-            State::Held => report.held.push(line()),
-            State::Waiting => report.waiting.push(line()),
+            PlanState::Planned => {}
+            PlanState::Held => report.held.push(line()),
+            PlanState::Waiting => report.waiting.push(line()),
         }
     }
     report.rest.extend(pairs.map(|(node, module)| module_change(&node, &module)));

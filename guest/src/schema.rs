@@ -42,7 +42,7 @@ pub fn all() -> Vec<(&'static str, Value)> {
         ("plan.request", plan_request()),
         (
             "plan.reply",
-            derived::<crate::plan::Answer>(
+            derived::<crate::plan::PlanAnswer>(
                 "plan.reply",
                 "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.",
             ),
@@ -57,7 +57,7 @@ pub fn all() -> Vec<(&'static str, Value)> {
         ("notice", derived::<crate::holders::NoticeBody>("notice", "A notice on mesh-provisioner.notice.<node>: a value a module of the node holds changed.")),
         (
             "event",
-            derived::<crate::transitions::Event>(
+            derived::<crate::transitions::StateEvent>(
                 "event",
                 "An event on mesh-provisioner.event.<node>: a module's state changed (published once, after its record was written).",
             ),
@@ -174,16 +174,16 @@ pub(crate) mod names {
     use super::*;
 
     pub fn module_state(_: &mut SchemaGenerator) -> Schema {
-        one_of(&crate::status::State::ALL.map(crate::status::State::name))
+        one_of(&crate::status::ModuleState::ALL.map(crate::status::ModuleState::name))
     }
     /// A module's state, or `gone`: no source knows it any more.
     pub fn event_state(_: &mut SchemaGenerator) -> Schema {
-        let mut names: Vec<&str> = crate::status::State::ALL.map(crate::status::State::name).to_vec();
+        let mut names: Vec<&str> = crate::status::ModuleState::ALL.map(crate::status::ModuleState::name).to_vec();
         names.push(crate::transitions::GONE);
         one_of(&names)
     }
     pub fn module_state_or_null(_: &mut SchemaGenerator) -> Schema {
-        let mut names: Vec<Value> = crate::status::State::ALL.iter().map(|s| Value::from(s.name())).collect();
+        let mut names: Vec<Value> = crate::status::ModuleState::ALL.iter().map(|s| Value::from(s.name())).collect();
         names.push(Value::Null);
         json_schema!({ "enum": names })
     }
@@ -197,7 +197,7 @@ pub(crate) mod names {
         json_schema!({ "type": "array", "items": { "enum": crate::value::SOURCES }, "uniqueItems": true })
     }
     pub fn plan_state(_: &mut SchemaGenerator) -> Schema {
-        one_of(&crate::plan::State::ALL.map(crate::plan::State::name))
+        one_of(&crate::plan::PlanState::ALL.map(crate::plan::PlanState::name))
     }
     pub fn roles(_: &mut SchemaGenerator) -> Schema {
         json_schema!({ "type": "array", "items": { "enum": crate::plan::ROLES }, "minItems": 1, "uniqueItems": true })

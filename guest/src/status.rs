@@ -50,7 +50,7 @@ pub struct NeedStatus {
 
 /// A module's state (SPEC §7.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub enum ModuleState {
     NeverRan,
     Pending,
     NothingNeeded,
@@ -59,17 +59,18 @@ pub enum State {
     Blocked,
 }
 
-impl State {
-    pub const ALL: [State; 6] = [State::NeverRan, State::Pending, State::NothingNeeded, State::Applied, State::Degraded, State::Blocked];
+impl ModuleState {
+    pub const ALL: [ModuleState; 6] =
+        [ModuleState::NeverRan, ModuleState::Pending, ModuleState::NothingNeeded, ModuleState::Applied, ModuleState::Degraded, ModuleState::Blocked];
 
     pub fn name(self) -> &'static str {
         match self {
-            State::NeverRan => "never_ran",
-            State::Pending => "pending",
-            State::NothingNeeded => "nothing_needed",
-            State::Applied => "applied",
-            State::Degraded => "degraded",
-            State::Blocked => "blocked",
+            ModuleState::NeverRan => "never_ran",
+            ModuleState::Pending => "pending",
+            ModuleState::NothingNeeded => "nothing_needed",
+            ModuleState::Applied => "applied",
+            ModuleState::Degraded => "degraded",
+            ModuleState::Blocked => "blocked",
         }
     }
 }
@@ -92,7 +93,7 @@ pub struct ModuleStatus {
     pub want: Option<String>,
     pub have: Option<String>,
     pub applied_at: Option<String>,
-    pub state: State,
+    pub state: ModuleState,
     pub reason: String,
     /// Since when it has been in `state`, as the seat's holder recorded it (SPEC §7.3); `None`
     /// until the holder records this state.
@@ -282,18 +283,18 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
 }
 
 /// The module's state and its reason, from its needs' checks and its applied record.
-fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>, needs: &[NeedStatus]) -> (State, String) {
+fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>, needs: &[NeedStatus]) -> (ModuleState, String) {
     // A need of a part not installed counts for nothing.
     let counted: Vec<&NeedStatus> = needs.iter().filter(|n| n.check != Check::NotInstalled).collect();
     let with = |f: fn(&Check) -> bool| counted.iter().copied().filter(|n| f(&n.check)).collect::<Vec<_>>();
     let blocked = with(|c| matches!(c, Check::Unanswered | Check::NoProvider));
     if !blocked.is_empty() {
-        return (State::Blocked, format!("{} need(s) cannot be satisfied now: {}", blocked.len(), summary(&blocked)));
+        return (ModuleState::Blocked, format!("{} need(s) cannot be satisfied now: {}", blocked.len(), summary(&blocked)));
     }
     let waiting = with(|c| matches!(c, Check::ProviderPending { .. }));
     if !waiting.is_empty() {
         // Each need's reason names the provider and the node it waits for.
-        return (State::Pending, format!("{} need(s) wait for a provider: {}", waiting.len(), summary(&waiting)));
+        return (ModuleState::Pending, format!("{} need(s) wait for a provider: {}", waiting.len(), summary(&waiting)));
     }
     let unknown = with(|c| *c == Check::Unknown);
     let unknown_note = if unknown.is_empty() { String::new() } else { format!("; {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)) };
@@ -304,28 +305,31 @@ fn state(node: &str, module: &str, plan: &plan::Plan, applied: Option<&Applied>,
                 (None, false) => "composed".to_string(),
                 (None, true) => "known".to_string(),
             };
-            return (State::NeverRan, format!("{module} on {node} is {known}, but has no applied record and no needs recorded: its provisioning never ran"));
+            return (
+                ModuleState::NeverRan,
+                format!("{module} on {node} is {known}, but has no applied record and no needs recorded: its provisioning never ran"),
+            );
         }
-        return (State::Pending, format!("{} need(s) recorded or planned, nothing applied yet{unknown_note}", needs.len()));
+        return (ModuleState::Pending, format!("{} need(s) recorded or planned, nothing applied yet{unknown_note}", needs.len()));
     };
     let build = applied.build.as_deref().unwrap_or("an unnamed build");
     let missing = with(|c| matches!(c, Check::Missing | Check::Stale { .. }));
     if !missing.is_empty() {
-        return (State::Degraded, format!("applied {build}, but {} grant(s) no longer hold: {}{unknown_note}", missing.len(), summary(&missing)));
+        return (ModuleState::Degraded, format!("applied {build}, but {} grant(s) no longer hold: {}{unknown_note}", missing.len(), summary(&missing)));
     }
     if !unknown.is_empty() {
         // Never better than it is: a check not made is not a check passed.
-        return (State::Degraded, format!("applied {build}, but {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)));
+        return (ModuleState::Degraded, format!("applied {build}, but {} check(s) could not be made now: {}", unknown.len(), summary(&unknown)));
     }
     if let Some(odd) = &applied.odd {
-        return (State::Degraded, format!("applied, but {odd}"));
+        return (ModuleState::Degraded, format!("applied, but {odd}"));
     }
     if counted.is_empty() && applied.needs == Some(0) {
-        return (State::NothingNeeded, format!("applied {build} with nothing needed"));
+        return (ModuleState::NothingNeeded, format!("applied {build} with nothing needed"));
     }
     let skipped = needs.len() - counted.len();
     let skipped = if skipped == 0 { String::new() } else { format!(" ({skipped} of parts not installed)") };
-    (State::Applied, format!("applied {build}: every need's check passes now ({} need(s){skipped})", counted.len()))
+    (ModuleState::Applied, format!("applied {build}: every need's check passes now ({} need(s){skipped})", counted.len()))
 }
 
 /// What is wrong with the buckets a module's status read, besides their contents: settings
@@ -514,7 +518,7 @@ pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Op
     Ok(room.finish(reply::page("status", revision, &entries, &shapes, next.as_deref())))
 }
 
-/// A module's line, written as serde writes [`Line`] (`a_status_line_is_written_as_serde_writes_it`):
+/// A module's line, written as serde writes [`StatusLine`] (`a_status_line_is_written_as_serde_writes_it`):
 /// every module of every page passes here, ~2.6 KB each for ten needs.
 fn line(s: &ModuleStatus) -> String {
     object(512 + 256 * s.needs.len(), |o| {
@@ -557,13 +561,13 @@ const OUT_OF_SHAPE: usize = 1;
 #[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "StatusPage"))]
-pub(crate) struct Page {
+pub(crate) struct StatusPage {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::status_what"))]
     what: &'static str,
     /// The newest revision among the modules listed.
     revision: u64,
     /// One module each, in `<node>.<module>` order.
-    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<StatusLine<'static>>"))]
     entries: Vec<Box<RawValue>>,
     /// Keys in a listed module's scope that fit no shape.
     #[cfg_attr(feature = "schema", schemars(with = "Vec<OutOfShape>"))]
@@ -577,7 +581,7 @@ pub(crate) struct Page {
 #[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "ModuleStatus"))]
-struct Line<'a> {
+struct StatusLine<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
@@ -601,9 +605,9 @@ struct Line<'a> {
 }
 
 #[cfg(test)]
-impl<'a> Line<'a> {
+impl<'a> StatusLine<'a> {
     fn of(s: &'a ModuleStatus) -> Self {
-        Line {
+        StatusLine {
             node: &s.node,
             module: &s.module,
             state: s.state.name(),
@@ -661,10 +665,10 @@ impl<'a> NeedLine<'a> {
     }
 }
 
-#[cfg(all(test, feature = "fuzzing"))]
+#[cfg(test)]
 mod out_of_shape {
     use super::*;
-    use crate::fuzzing::MemEnv;
+    use crate::mem_env::MemEnv;
     use proptest::prelude::*;
     use serde_json::Value;
 
@@ -842,7 +846,7 @@ mod written {
             want: Some("b2".into()),
             have: Some("b1".into()),
             applied_at: Some("2026-12-02T00:00:00Z".into()),
-            state: State::Degraded,
+            state: ModuleState::Degraded,
             reason: "a \"reason\"".into(),
             since: Some("2026-12-01T00:00:00Z".into()),
             needs,
@@ -857,7 +861,7 @@ mod written {
             since: None,
             needs: Vec::new(),
             warnings: Vec::new(),
-            state: State::NeverRan,
+            state: ModuleState::NeverRan,
             ..full.clone()
         };
         vec![full, bare]
@@ -866,7 +870,7 @@ mod written {
     #[test]
     fn a_status_line_is_written_as_serde_writes_it() {
         for s in statuses() {
-            assert_eq!(line(&s), to_json(&Line::of(&s)));
+            assert_eq!(line(&s), to_json(&StatusLine::of(&s)));
         }
     }
 
@@ -875,7 +879,7 @@ mod written {
         let lines: Vec<String> = statuses().iter().map(line).collect();
         let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
         for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
-            let page = Page { what: "status", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next: next.map(str::to_string) };
+            let page = StatusPage { what: "status", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next: next.map(str::to_string) };
             assert_eq!(crate::reply::page("status", 12, entries, shapes, next), to_json(&page));
         }
     }

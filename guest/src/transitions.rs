@@ -67,7 +67,7 @@ pub struct Transition {
 
 /// What one call decided.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct Transitions {
     /// Modules whose state was found.
     pub computed: u32,
     pub transitions: Vec<Transition>,
@@ -81,7 +81,7 @@ pub const GONE: &str = "gone";
 /// An event on `mesh-provisioner.event.<node>`.
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub(crate) struct Event<'a> {
+pub(crate) struct StateEvent<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
     node: &'a str,
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::identifier"))]
@@ -174,8 +174,8 @@ fn affected(env: &dyn Env, bucket: &str, key: &str, into: &mut BTreeSet<Pair>, p
 
 /// Finds the state of every module `changes` can move; `now` (RFC 3339) is the time a change
 /// found now is said to have happened.
-pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &str) -> Result<Report, HostError> {
-    let mut report = Report::default();
+pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &str) -> Result<Transitions, HostError> {
+    let mut report = Transitions::default();
     let (mut pairs, mut providers) = (BTreeSet::new(), BTreeSet::new());
     // One sweep: the earliest position asked, quiet if any quiet one was asked (a start).
     let mut sweep: Option<(Option<String>, bool)> = None;
@@ -250,7 +250,7 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool, asked: &mut statu
         // Gone from every source: its record goes, and a watcher is told once.
         let Some(was) = was else { return Ok(None) };
         let reason = format!("{module} on {node} is no longer assigned, applied, needed or composed");
-        let event = Event { node, module, state: GONE, was: Some(was), reason: &reason, since: now };
+        let event = StateEvent { node, module, state: GONE, was: Some(was), reason: &reason, since: now };
         let event = Some(crate::value::to_json(&event).into_bytes());
         return Ok(Some(Transition { key, value: Vec::new(), expected, node: node.into(), state: GONE, event }));
     }
@@ -260,7 +260,7 @@ fn transition(env: &dyn Env, p: &Pair, now: &str, quiet: bool, asked: &mut statu
     }
     let value = Record { state: state.to_string(), since: now.to_string() }.to_bytes();
     let event = (!quiet || was.is_some()).then(|| {
-        let e = Event { node, module, state, was, reason: &s.reason, since: now };
+        let e = StateEvent { node, module, state, was, reason: &s.reason, since: now };
         crate::value::to_json(&e).into_bytes()
     });
     Ok(Some(Transition { key, value, expected, node: node.into(), state, event }))

@@ -28,11 +28,11 @@ pub use crate::reply::{Code, Reply, MAX_MESSAGE, MIN_REPLY};
 #[allow(dead_code)]
 pub(crate) enum AnyAnswer {
     /// `registry`, `needs`, `applied`, `collect`: a page of one bucket's keys.
-    Bucket(Answer<'static>),
+    Bucket(VerbAnswer<'static>),
     /// `status`: a page of modules, each with its state and needs.
-    Status(crate::status::Page),
+    Status(crate::status::StatusPage),
     /// `holders`: a page of the modules that hold a value.
-    Holders(crate::holders::Page<'static>),
+    Holders(crate::holders::HolderPage<'static>),
 }
 
 /// Answers one request of `verb`.
@@ -156,10 +156,10 @@ fn plan(env: &dyn Env, node: &str, module: &str, budget: usize) -> Result<Reply,
 #[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketLine"))]
-pub(crate) struct Line<'a> {
+pub(crate) struct PlanLine<'a> {
     key: &'a str,
     #[serde(flatten)]
-    fields: Option<Fields<'a>>,
+    fields: Option<LineFields<'a>>,
     revision: u64,
     #[serde(flatten)]
     tail: Tail<'a>,
@@ -171,7 +171,7 @@ pub(crate) struct Line<'a> {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 #[cfg_attr(not(test), allow(dead_code))] // (outside tests only the schema reads it)
-enum Fields<'a> {
+enum LineFields<'a> {
     Registry { kind: String },
     Need(#[cfg_attr(feature = "schema", schemars(with = "keys::NeedKey"))] keys::NeedRef<'a>),
     Applied(keys::AppliedKey),
@@ -205,7 +205,7 @@ struct Omitted {
 
 /// The line of `e`, rendered, and whether it is out of shape; `value: false` lists an entry
 /// with its value's size instead of its value. Written by hand ([`Object`]) as serde writes
-/// [`Line`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
+/// [`PlanLine`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
 fn line(what: What, e: &EntryRef, value: bool) -> (String, bool) {
     let mut out = String::with_capacity(line_guess(e));
     let mut o = Object::new(&mut out);
@@ -260,16 +260,16 @@ const OMITTED: &str = "larger than a reply may be";
 #[cfg(any(test, feature = "schema"))]
 #[derive(Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(rename = "BucketPage"))]
-pub(crate) struct Answer<'a> {
+pub(crate) struct VerbAnswer<'a> {
     #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::names::bucket_what"))]
     what: &'a str,
     /// The bucket's revision when it was read.
     revision: u64,
     /// Keys in shape, with what each key says and its value.
-    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<PlanLine<'static>>"))]
     entries: Vec<Box<RawValue>>,
     /// Keys in scope that fit no shape, each with the reason.
-    #[cfg_attr(feature = "schema", schemars(with = "Vec<Line<'static>>"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<PlanLine<'static>>"))]
     out_of_shape: Vec<Box<RawValue>>,
     /// Where the next page starts (as `after`); absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -327,10 +327,10 @@ mod written {
     /// whether the key is out of shape (no fields).
     fn by_serde(what: What, e: &Entry, value: bool) -> (String, bool) {
         let fields = match what {
-            What::Registry => parse_registry(&e.key).map(|kind| Fields::Registry { kind }),
-            What::Needs => parse_need_ref(&e.key).map(Fields::Need),
-            What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(Fields::Applied),
-            What::Collect => parse_collect(&e.key).map(Fields::Collect),
+            What::Registry => parse_registry(&e.key).map(|kind| LineFields::Registry { kind }),
+            What::Needs => parse_need_ref(&e.key).map(LineFields::Need),
+            What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(LineFields::Applied),
+            What::Collect => parse_collect(&e.key).map(LineFields::Collect),
         };
         let (fields, tail) = match fields {
             Ok(f) if value => (Some(f), Tail::Value(Shown::of(&e.value))),
@@ -338,7 +338,7 @@ mod written {
             Err(reason) => (None, Tail::Reason { reason }),
         };
         let out_of_shape = fields.is_none();
-        (to_json(&Line { key: &e.key, fields, revision: e.revision, tail }), out_of_shape)
+        (to_json(&PlanLine { key: &e.key, fields, revision: e.revision, tail }), out_of_shape)
     }
 
     #[test]
@@ -389,7 +389,7 @@ mod written {
         let lines = [line(What::Needs, &e.borrowed(), true).0, line(What::Needs, &e.borrowed(), false).0];
         let raws = |l: &[String]| l.iter().map(|l| RawValue::from_string(l.clone()).expect("a line is JSON")).collect::<Vec<_>>();
         for (entries, shapes, next) in [(&lines[..], &lines[1..], Some("alpha.\"x\"")), (&[][..], &[][..], None)] {
-            let want = Answer { what: "needs", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next };
+            let want = VerbAnswer { what: "needs", revision: 12, entries: raws(entries), out_of_shape: raws(shapes), next };
             assert_eq!(page("needs", 12, entries, shapes, next), to_json(&want));
         }
     }

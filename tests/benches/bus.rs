@@ -312,7 +312,11 @@ async fn main() {
     // account's limits hold them up to a few hundred thousand keys; past that, `bootstrap`
     // refuses to reserve more than the account may hold, and says so.
     let keys = (large as i64) * 6 / 5 + 50_000;
-    let bus = Bus::start_with(mesh_provisioner::bucket::Limits::default(), mesh_provisioner::bucket::Share { max_bytes: keys * 256, max_keys: keys }).await;
+    let bus = Bus::start_with(
+        mesh_provisioner::nats::bucket::BucketLimits::default(),
+        mesh_provisioner::nats::bucket::Share { max_bytes: keys * 256, max_keys: keys },
+    )
+    .await;
     let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
     let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use mesh_provisioner::backend::MemoryBackend;
-use mesh_provisioner::runtime::{Limits, Options, ReplyCode, Runtime};
+use mesh_provisioner::runtime::{EngineOptions, Limits, ReplyCode, Runtime};
+use mesh_provisioner::store::backend::MemoryBackend;
 use tests::native::Native;
 
 const NEEDS: &str = "mesh-provisioner_needs";
@@ -64,12 +64,12 @@ fn main() {
     println!("{:<44} {:>10.1} µs   1.00×", "native logic (baseline)", native_p50.as_secs_f64() * 1e6);
 
     for (name, options) in [
-        ("wasm, fresh instance per call", Options { pooling: false, reuse: 1, reply_cache: false, ..Default::default() }),
-        ("wasm, fresh instance, pooling allocator", Options { pooling: true, reuse: 1, reply_cache: false, ..Default::default() }),
-        ("wasm, instance reused (≤64 calls)", Options { pooling: false, reuse: 64, reply_cache: false, ..Default::default() }),
-        ("wasm, instance reused as served (default options, no cache)", Options { reply_cache: false, ..Default::default() }),
-        ("wasm, reused, reply cache (a repeated request)", Options { pooling: false, reuse: 64, reply_cache: true, ..Default::default() }),
-        ("wasm, reused, pooling allocator", Options { pooling: true, reuse: 64, reply_cache: false, ..Default::default() }),
+        ("wasm, fresh instance per call", EngineOptions { pooling: false, reuse: 1, reply_cache: false, ..Default::default() }),
+        ("wasm, fresh instance, pooling allocator", EngineOptions { pooling: true, reuse: 1, reply_cache: false, ..Default::default() }),
+        ("wasm, instance reused (≤64 calls)", EngineOptions { pooling: false, reuse: 64, reply_cache: false, ..Default::default() }),
+        ("wasm, instance reused as served (default options, no cache)", EngineOptions { reply_cache: false, ..Default::default() }),
+        ("wasm, reused, reply cache (a repeated request)", EngineOptions { pooling: false, reuse: 64, reply_cache: true, ..Default::default() }),
+        ("wasm, reused, pooling allocator", EngineOptions { pooling: true, reuse: 64, reply_cache: false, ..Default::default() }),
     ] {
         if !name.contains(only.as_str()) {
             continue;
@@ -105,7 +105,7 @@ fn main() {
     // before any read), the two reads with nothing found (the same query over an empty bucket),
     // the whole query; each the guest's logic natively beside it.
     if "breakdown".contains(only.as_str()) || only.is_empty() {
-        let runtime = Runtime::with_options(Options { reply_cache: false, ..Default::default() }).expect("runtime");
+        let runtime = Runtime::with_options(EngineOptions { reply_cache: false, ..Default::default() }).expect("runtime");
         let guest = runtime.load(&bytes, None).expect("compile");
         let empty = MemoryBackend::new();
         const REFUSED: &[u8] = br#"{"what":"needs","node":"-"}"#;

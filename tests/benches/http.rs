@@ -132,8 +132,8 @@ async fn main() {
 /// `/api/status` over many modules, and what reading it costs the verbs.
 async fn status_at_scale() {
     let modules: usize = std::env::var("BENCH_STATUS_MODULES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
-    let share = mesh_provisioner::bucket::Share { max_bytes: 256 << 20, max_keys: modules as i64 + 1000 };
-    let bus = Bus::start_with(mesh_provisioner::bucket::Limits::default(), share).await;
+    let share = mesh_provisioner::nats::bucket::Share { max_bytes: 256 << 20, max_keys: modules as i64 + 1000 };
+    let bus = Bus::start_with(mesh_provisioner::nats::bucket::BucketLimits::default(), share).await;
     serve_echo(&bus).await;
     let per_node = modules.to_string();
     let host = Host::start(&bus, &["--http", "127.0.0.1:0", "--status-page-per-node", &per_node]).await;

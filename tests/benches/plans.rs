@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_provisioner::backend::{Backend, MemoryBackend};
-use mesh_provisioner::kept::KeptPlans;
 use mesh_provisioner::runtime::{Change, Limits, ReplyCode, Runtime};
+use mesh_provisioner::store::backend::{Backend, MemoryBackend};
+use mesh_provisioner::store::kept::KeptPlans;
 use tests::bench::us;
 use tests::native::Native;
 

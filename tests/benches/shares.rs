@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use mesh_provisioner::bootstrap::{apply, Plan};
-use mesh_provisioner::bucket::{Limits, Share, Spec, SHARED_BUCKETS};
+use mesh_provisioner::nats::bucket::{BucketLimits as Limits, Share, Spec, SHARED_BUCKETS};
+use mesh_provisioner::nats::mesh::{apply, Plan};
 use tests::bench::{latencies, pct, us};
 use tests::nats::{Host, RawServer};
 

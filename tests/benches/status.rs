@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_provisioner::backend::{Backend, MemoryBackend};
-use mesh_provisioner::runtime::{Change, Limits, Options, ReplyCode, Runtime};
+use mesh_provisioner::runtime::{Change, EngineOptions, Limits, ReplyCode, Runtime};
+use mesh_provisioner::store::backend::{Backend, MemoryBackend};
 use tests::native::Native;
 
 const MODULES: usize = 2000;
@@ -69,7 +69,7 @@ fn best(mut run: impl FnMut() -> (Duration, usize)) -> (Duration, usize) {
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     // Every request calls the guest: the cost of an answer, not of a kept one.
-    let runtime = Runtime::with_options(Options { reply_cache: false, ..Options::default() }).expect("runtime");
+    let runtime = Runtime::with_options(EngineOptions { reply_cache: false, ..EngineOptions::default() }).expect("runtime");
     let guest = runtime.load(&std::fs::read(tests::component_path()).expect("component"), None).expect("compile");
     let against = std::env::var_os("BENCH_AGAINST").map(|path| runtime.load(&std::fs::read(&path).expect("the component to compare"), None).expect("compile"));
     // `BENCH_SHAPE=needs` or `planned`: that mesh alone (for `perf record`).

@@ -251,7 +251,7 @@ async fn all_keys(client: &Client, body: Value) -> Result<BTreeMap<String, u64>,
 /// A writer: puts and deletes its node's keys, recording each acknowledged outcome.
 async fn write(w: Arc<Writer>, client: Client, gate: Arc<RwLock<()>>, stop: Arc<AtomicBool>, seed: u64) {
     let mut rng = Rng::new(seed);
-    let mut js = mesh_provisioner::connect::jetstream_of(client, &format!("node-{}", w.node));
+    let mut js = mesh_provisioner::nats::connect::jetstream_of(client, &format!("node-{}", w.node));
     js.set_timeout(Duration::from_secs(2));
     let mut store = None;
     let mut n = 0u64;
@@ -291,7 +291,7 @@ async fn write(w: Arc<Writer>, client: Client, gate: Arc<RwLock<()>>, stop: Arc<
 /// The controller: moves plan inputs (assignments' wanted builds) now and then.
 async fn control(client: Client, stop: Arc<AtomicBool>, seed: u64) {
     let mut rng = Rng::new(seed);
-    let mut js = mesh_provisioner::connect::jetstream_of(client, "mesh-controller");
+    let mut js = mesh_provisioner::nats::connect::jetstream_of(client, "mesh-controller");
     js.set_timeout(Duration::from_secs(2));
     while !stop.load(Ordering::Relaxed) {
         if let Ok(kv) = js.get_key_value("mesh-controller_assignments").await {

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use mesh_provisioner::backend::Backend;
 use mesh_provisioner::runtime::{Guest, Limits, ReplyCode, Runtime};
+use mesh_provisioner::store::backend::Backend;
 use serde_json::Value;
 
 pub mod bench;

@@ -5,22 +5,22 @@
 use std::sync::Arc;
 
 use guest::env::{Entry, Env, HostError, Level, Page};
-use mesh_provisioner::backend::{Backend, MemoryBackend};
+use mesh_provisioner::store::backend::{Backend, MemoryBackend};
 
 /// The logic's `Env` over a [`MemoryBackend`].
 pub struct Native(pub Arc<MemoryBackend>);
 
-fn entry(e: mesh_provisioner::mirror::Entry) -> Entry {
+fn entry(e: mesh_provisioner::store::mirror::Entry) -> Entry {
     Entry { key: e.key, revision: e.revision, value: e.value }
 }
 
 /// The host's page as the guest reads it (cut into entries by its lengths), or why it cannot be.
-pub fn cut(p: mesh_provisioner::mirror::Page) -> Result<Page, String> {
+pub fn cut(p: mesh_provisioner::store::mirror::Page) -> Result<Page, String> {
     Page::from_parts(p.keys, p.values, p.lengths, p.revisions, p.more, p.revision)
 }
 
 /// Every entry of the host's page, owned.
-pub fn entries(p: mesh_provisioner::mirror::Page) -> Vec<Entry> {
+pub fn entries(p: mesh_provisioner::store::mirror::Page) -> Vec<Entry> {
     cut(p).map(|p| p.entries().map(|e| e.owned()).collect()).unwrap_or_else(|why| panic!("a page the guest refuses: {why}"))
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use async_nats::{Client, ConnectOptions};
-use mesh_provisioner::bucket::Share;
-use mesh_provisioner::embedded::{Access, Server};
+use mesh_provisioner::nats::bucket::Share;
+use mesh_provisioner::nats::embedded::{Access, Server};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
@@ -34,7 +34,7 @@ impl Bus {
     /// A fresh server, its buckets every node writes made of the example nodes' shares, as the
     /// operator's `bootstrap` makes them (the other buckets are made by the host or the test).
     pub async fn start() -> Bus {
-        Self::start_with(mesh_provisioner::bucket::Limits::default(), Share::default()).await
+        Self::start_with(mesh_provisioner::nats::bucket::BucketLimits::default(), Share::default()).await
     }
 
     /// A fresh server with no bucket made: for what tests `bootstrap` itself.
@@ -46,7 +46,7 @@ impl Bus {
 
     /// As [`Bus::start`], with the shared buckets' value-size limit and each node's share
     /// given.
-    pub async fn start_with(limits: mesh_provisioner::bucket::Limits, share: Share) -> Bus {
+    pub async fn start_with(limits: mesh_provisioner::nats::bucket::BucketLimits, share: Share) -> Bus {
         let bus = Self::start_bare().await;
         make_shared(&bus.js(OPERATOR).await, limits, share, 1).await;
         bus
@@ -137,7 +137,7 @@ impl Bus {
     /// A JetStream context for `user` with a short timeout, so refused writes fail quickly; a
     /// party outside the buckets' account reaches its imports through its JetStream domain.
     pub async fn js(&self, user: &str) -> jetstream::Context {
-        let mut js = mesh_provisioner::connect::jetstream_of(self.client(user).await, user);
+        let mut js = mesh_provisioner::nats::connect::jetstream_of(self.client(user).await, user);
         js.set_timeout(Duration::from_millis(1500));
         js
     }
@@ -174,12 +174,12 @@ pub const OPERATOR: &str = "mesh-operator";
 
 /// The inbox prefix `user` may subscribe under in the example config.
 pub fn inbox_of(user: &str) -> String {
-    mesh_provisioner::connect::inbox_of(user)
+    mesh_provisioner::nats::connect::inbox_of(user)
 }
 
 /// A bucket as `bootstrap` makes it, with `replicas` replicas.
-pub fn spec(bucket: &str, replicas: usize) -> mesh_provisioner::bucket::Spec {
-    use mesh_provisioner::bucket::{Limits, Spec};
+pub fn spec(bucket: &str, replicas: usize) -> mesh_provisioner::nats::bucket::Spec {
+    use mesh_provisioner::nats::bucket::{BucketLimits as Limits, Spec};
     let limits = if bucket.starts_with("composed-") { Limits { max_value: Limits::COMPOSITION_MAX_VALUE, ..Limits::default() } } else { Limits::default() };
     Spec::new(bucket, "made by a test, as bootstrap makes it", 1, replicas, limits)
 }
@@ -202,13 +202,13 @@ pub fn bucket_with_ttls(bucket: &str) -> jetstream::stream::Config {
 /// Makes the bucket `spec` through `js` (the operator's), as `bootstrap` makes it, retrying
 /// while a cluster elects. A bucket every node writes is made, with the other two, of the
 /// example nodes' shares (made once, they are left as they are).
-pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucket::Spec) {
+pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::nats::bucket::Spec) {
     if spec.shared {
         return make_shared(js, spec.limits, Share::default(), spec.replicas).await;
     }
     let start = Instant::now();
     loop {
-        match mesh_provisioner::bucket::create_stream(js, spec).await {
+        match mesh_provisioner::nats::bucket::create_stream(js, spec).await {
             Ok(()) => return,
             Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
             Err(e) => panic!("the operator makes {}: {e}", spec.bucket),
@@ -219,14 +219,14 @@ pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::bucke
 /// Makes the buckets every node writes of the example nodes' shares through `js` (the
 /// operator's), as `bootstrap --node alpha --node beta --node gamma` makes them, retrying while
 /// a cluster elects.
-pub async fn make_shared(js: &jetstream::Context, limits: mesh_provisioner::bucket::Limits, share: Share, replicas: usize) {
-    use mesh_provisioner::bucket::{Spec, SHARED_BUCKETS};
+pub async fn make_shared(js: &jetstream::Context, limits: mesh_provisioner::nats::bucket::BucketLimits, share: Share, replicas: usize) {
+    use mesh_provisioner::nats::bucket::{Spec, SHARED_BUCKETS};
     let buckets = SHARED_BUCKETS.iter().map(|b| Spec::new(b, "made by a test, as bootstrap makes it", 1, replicas, limits)).collect();
-    let nodes = mesh_provisioner::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string()).collect();
-    let plan = mesh_provisioner::bootstrap::Plan { buckets, nodes, share };
+    let nodes = mesh_provisioner::nats::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string()).collect();
+    let plan = mesh_provisioner::nats::mesh::Plan { buckets, nodes, share };
     let start = Instant::now();
     loop {
-        match mesh_provisioner::bootstrap::apply(js, &plan).await.result() {
+        match mesh_provisioner::nats::mesh::apply(js, &plan).await.result() {
             Ok(()) => return,
             Err(_) if start.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(250)).await,
             Err(e) => panic!("the operator makes the nodes' shares: {e}"),
@@ -300,15 +300,15 @@ impl Cluster {
     /// ports are not advertised, so a leaf stays on the link it was given.
     pub async fn start_hub(n: usize, leaf_nodes: bool) -> Cluster {
         let ports: Vec<(u16, u16)> =
-            (0..n).map(|_| (mesh_provisioner::embedded::free_port().unwrap(), mesh_provisioner::embedded::free_port().unwrap())).collect();
+            (0..n).map(|_| (mesh_provisioner::nats::embedded::free_port().unwrap(), mesh_provisioner::nats::embedded::free_port().unwrap())).collect();
         let passwords: Vec<(String, String)> =
-            mesh_provisioner::embedded::USERS.iter().map(|(_, u)| (u.to_string(), mesh_provisioner::embedded::random_password().unwrap())).collect();
+            mesh_provisioner::nats::embedded::USERS.iter().map(|(_, u)| (u.to_string(), mesh_provisioner::base::random::random_password().unwrap())).collect();
         let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
             let mut block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
             if leaf_nodes {
-                let lport = mesh_provisioner::embedded::free_port().unwrap();
+                let lport = mesh_provisioner::nats::embedded::free_port().unwrap();
                 block.push_str(&format!("\nleafnodes {{\n  listen: \"127.0.0.1:{lport}\"\n  no_advertise: true\n}}"));
                 cluster.leaf_ports.push(lport);
             }
@@ -322,7 +322,7 @@ impl Cluster {
         }
         let mut js = jetstream::new(cluster.client(OPERATOR).await);
         js.set_timeout(Duration::from_secs(5));
-        make_shared(&js, mesh_provisioner::bucket::Limits::default(), Share::default(), n.min(3)).await;
+        make_shared(&js, mesh_provisioner::nats::bucket::BucketLimits::default(), Share::default(), n.min(3)).await;
         cluster
     }
 
@@ -419,7 +419,7 @@ impl RawServer {
     /// listens.
     pub async fn start(config: &str) -> RawServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = mesh_provisioner::embedded::free_port().expect("a free port");
+        let port = mesh_provisioner::nats::embedded::free_port().expect("a free port");
         let text = config.replace("{{PORT}}", &port.to_string()).replace("{{DIR}}", &dir.path().display().to_string());
         let conf = dir.path().join("server.conf");
         std::fs::write(&conf, text).expect("write the config");

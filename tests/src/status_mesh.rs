@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mesh_provisioner::backend::MemoryBackend;
+use mesh_provisioner::store::backend::MemoryBackend;
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";

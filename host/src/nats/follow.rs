@@ -33,7 +33,7 @@ impl NatsBackend {
                         // first token is its writer, counted against the quota.
                         let m = Arc::new(if CLIENT_BUCKETS.contains(&bucket) { Mirror::counting_writers() } else { Mirror::new() });
                         map.insert(bucket.to_string(), m.clone());
-                        let follower = Follower {
+                        let follower = BucketFollower {
                             budget: self.options.mirror_budget,
                             js: self.js.clone(),
                             bucket: bucket.to_string(),
@@ -78,7 +78,7 @@ impl NatsBackend {
 }
 
 /// How one follow of a bucket ended.
-enum Followed {
+enum FollowEnd {
     /// The watch ended or failed: replay from scratch.
     Lost(Result<()>),
     /// The bucket does not exist (any more): the mirror is empty and in sync.
@@ -88,7 +88,7 @@ enum Followed {
 }
 
 /// Keeps one mirror equal to its bucket.
-struct Follower {
+struct BucketFollower {
     /// The bytes all mirrors may hold (0: no budget).
     budget: usize,
     js: jetstream::Context,
@@ -96,17 +96,17 @@ struct Follower {
     mirror: Arc<Mirror>,
     changes: Arc<Changes>,
     state_changes: Arc<Changes>,
-    events: Arc<crate::events::Events>,
+    events: Arc<crate::nats::events::Events>,
     /// The mirrors, to drop this one from when its bucket is gone and nobody reads it.
     mirrors: Arc<std::sync::Mutex<HashMap<String, Arc<Mirror>>>>,
     /// Where the mirrors' snapshots are kept, if anywhere.
-    snapshots: Option<crate::snapshot::Snapshots>,
+    snapshots: Option<crate::store::snapshot::Snapshots>,
     /// The next replay may resume from the snapshot: only the first (later ones follow a lost
     /// watch, a rebuild the audit asked for, or a snapshot found wrong: in full).
     resumable: std::sync::atomic::AtomicBool,
 }
 
-impl Follower {
+impl BucketFollower {
     /// Offers a change (`None`: the whole bucket) to the plans and the states that follow it.
     fn record(&self, key: Option<&str>) {
         self.changes.record(&self.bucket, key);
@@ -140,7 +140,7 @@ impl Follower {
                 }
             };
             match outcome {
-                Followed::Refused(why) => {
+                FollowEnd::Refused(why) => {
                     if self.mirror.set_refused(Some(why.clone())) {
                         tracing::error!(bucket = self.bucket, "bucket refused: {why}");
                         self.record(None);
@@ -154,7 +154,7 @@ impl Follower {
                     }
                     continue;
                 }
-                Followed::Missing => {
+                FollowEnd::Missing => {
                     if !was_missing {
                         self.mirror.set_refused(None);
                         self.mirror.clear();
@@ -180,8 +180,8 @@ impl Follower {
                     }
                     continue;
                 }
-                Followed::Lost(Ok(())) => tracing::warn!(bucket = self.bucket, "watch ended; resyncing the mirror"),
-                Followed::Lost(Err(e)) => tracing::warn!(bucket = self.bucket, "mirror lost: {e}; resyncing"),
+                FollowEnd::Lost(Ok(())) => tracing::warn!(bucket = self.bucket, "watch ended; resyncing the mirror"),
+                FollowEnd::Lost(Err(e)) => tracing::warn!(bucket = self.bucket, "mirror lost: {e}; resyncing"),
             }
             was_missing = false;
             self.mirror.set_ready(false);
@@ -193,22 +193,22 @@ impl Follower {
     /// Replays the bucket into a copy built aside and, once that copy is in sync, makes it the
     /// mirror in one step (readers see the old contents until then, never a half-built
     /// mirror); then follows the bucket live until the watch ends.
-    async fn once(&self) -> Followed {
+    async fn once(&self) -> FollowEnd {
         let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
         let info = match stream_info(&self.js, bucket).await {
-            Ok(Some(info)) => match crate::bucket::shape(bucket, &info.config) {
-                Shape::Refused(why) => return Followed::Refused(why),
+            Ok(Some(info)) => match crate::nats::bucket::shape(bucket, &info.config) {
+                Shape::Refused(why) => return FollowEnd::Refused(why),
                 Shape::Bucket { unsafe_settings } => {
-                    crate::bucket::note_unsafe(bucket, mirror, unsafe_settings);
+                    crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings);
                     info
                 }
             },
-            Ok(None) => return Followed::Missing,
-            Err(e) => return Followed::Lost(Err(e)),
+            Ok(None) => return FollowEnd::Missing,
+            Err(e) => return FollowEnd::Lost(Err(e)),
         };
         let staged = Arc::new(mirror.like());
-        let stream = crate::snapshot::Stream { created_ns: info.created.unix_timestamp_nanos(), last_sequence: info.state.last_sequence };
+        let stream = crate::store::snapshot::StreamPosition { created_ns: info.created.unix_timestamp_nanos(), last_sequence: info.state.last_sequence };
         let resumed = match (&self.snapshots, self.resumable.swap(false, std::sync::atomic::Ordering::AcqRel)) {
             (Some(snapshots), true) => self.resume(snapshots, &staged, stream).await,
             _ => None,
@@ -226,14 +226,14 @@ impl Follower {
             // nothing. The state is read fresh: a store's status is as of its opening.
             // After a snapshot: every message since it, deletes included, in order.
             let watch = super::watch::Watch::open(&self.js, &kv, resumed, info.config.max_messages_per_subject).await?;
-            let state = crate::bucket::stream_state(&self.js, bucket)
+            let state = crate::nats::bucket::stream_state(&self.js, bucket)
                 .await?
                 .ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
             Ok::<_, Error>((state, watch))
         });
         let (state, mut watch) = match opened.await {
             Ok(o) => o,
-            Err(e) => return Followed::Lost(Err(e)),
+            Err(e) => return FollowEnd::Lost(Err(e)),
         };
         if resumed.is_some() {
             // What the stream no longer holds (expired, purged since the snapshot) is gone. A
@@ -241,7 +241,7 @@ impl Follower {
             let (copy, first) = (staged.clone(), state.first_sequence);
             let forgotten = match tokio::task::spawn_blocking(move || copy.forget_below(first)).await {
                 Ok(n) => n,
-                Err(e) => return Followed::Lost(Err(Error::new(ErrorKind::Unavailable, format!("forgetting what {bucket} no longer holds: {e}")))),
+                Err(e) => return FollowEnd::Lost(Err(Error::new(ErrorKind::Unavailable, format!("forgetting what {bucket} no longer holds: {e}")))),
             };
             if forgotten > 0 {
                 tracing::info!(bucket, forgotten, first = state.first_sequence, "keys of the snapshot the stream no longer holds forgotten");
@@ -254,14 +254,14 @@ impl Follower {
         let started = Instant::now();
         // A full replay is logged as it comes and packed once at its end (see `Log`); one
         // resumed from a snapshot updates the keys loaded, in place.
-        let mut log = resumed.is_none().then(crate::mirror::Log::default);
+        let mut log = resumed.is_none().then(crate::store::mirror::Log::default);
         let nothing_to_replay = match resumed {
             Some(after) => state.messages == 0 || state.last_sequence <= after,
             None => state.messages == 0,
         };
         if nothing_to_replay {
             if let Err(e) = self.check_resumed(resumed, &staged).await {
-                return Followed::Lost(Err(e));
+                return FollowEnd::Lost(Err(e));
             }
             mirror.adopt(&staged);
             live = true;
@@ -285,7 +285,7 @@ impl Follower {
                     }
                     _ = &mut stall => {
                         if !std::mem::take(&mut moved) {
-                            return Followed::Lost(Err(Error::new(ErrorKind::Timeout, format!("the replay of {bucket} stalled for {REPLAY_STALL:?}"))));
+                            return FollowEnd::Lost(Err(Error::new(ErrorKind::Timeout, format!("the replay of {bucket} stalled for {REPLAY_STALL:?}"))));
                         }
                         stall.as_mut().reset(tokio::time::Instant::now() + REPLAY_STALL);
                         continue;
@@ -295,7 +295,7 @@ impl Follower {
             let Some(entry) = next else { break };
             let entry = match entry {
                 Ok(e) => e,
-                Err(e) => return Followed::Lost(Err(unavailable("watching", &e))),
+                Err(e) => return FollowEnd::Lost(Err(unavailable("watching", &e))),
             };
             let target = if live { mirror.as_ref() } else { &staged };
             target.set_lag(entry.delta);
@@ -304,7 +304,7 @@ impl Follower {
                 Some(log) => {
                     let logged = if deleted { log.delete(key, entry.revision) } else { log.put(key, entry.revision, &entry.value) };
                     if !logged {
-                        return Followed::Lost(Err(Error::new(
+                        return FollowEnd::Lost(Err(Error::new(
                             ErrorKind::Invalid,
                             format!("{bucket}: a message of {} bytes at {key:?}, past what a mirror holds", entry.value.len()),
                         )));
@@ -333,16 +333,16 @@ impl Follower {
                         let built = log.build();
                         let restored = into.restore_counted(built.entries, Some(built.runs), built.markers, built.revision, origin);
                         // The log, a copy of every key and value, is freed by now.
-                        crate::mirror::give_back_freed_memory();
+                        crate::store::mirror::give_back_freed_memory();
                         restored
                     })
                     .await;
                     if let Err(e) = packed.map_err(|e| Error::new(ErrorKind::Unavailable, format!("packing {bucket}'s replay: {e}"))).and_then(|r| r) {
-                        return Followed::Lost(Err(e));
+                        return FollowEnd::Lost(Err(e));
                     }
                 }
                 if let Err(e) = self.check_resumed(resumed, &staged).await {
-                    return Followed::Lost(Err(e));
+                    return FollowEnd::Lost(Err(e));
                 }
                 mirror.adopt(&staged);
                 live = true;
@@ -351,28 +351,28 @@ impl Follower {
                 tracing::info!(bucket, keys = mirror.len(), ?replayed, packed = ?started.elapsed().saturating_sub(replayed), resumed, "mirror in sync");
             }
         }
-        Followed::Lost(Ok(()))
+        FollowEnd::Lost(Ok(()))
     }
 
     /// When the mirrors hold more than their budget: the copy being built is dropped rather
     /// than grown until the process is killed, and the bucket refused (said in /readyz, status
     /// and the metrics) until there is room again.
-    fn over_budget(&self, staged: &Mirror, logged: usize) -> Option<Followed> {
-        if self.budget == 0 || crate::mirror::total_bytes() + logged <= self.budget {
+    fn over_budget(&self, staged: &Mirror, logged: usize) -> Option<FollowEnd> {
+        if self.budget == 0 || crate::store::mirror::total_bytes() + logged <= self.budget {
             return None;
         }
         staged.clear();
-        Some(Followed::Refused(format!("the mirrors' memory budget of {} bytes is spent: {} is not mirrored until there is room", self.budget, self.bucket)))
+        Some(FollowEnd::Refused(format!("the mirrors' memory budget of {} bytes is spent: {} is not mirrored until there is room", self.budget, self.bucket)))
     }
 
     /// Loads the bucket's snapshot into `staged` (off the runtime thread): the revision to
     /// resume after, or `None` to replay in full (no snapshot, or one that does not fit).
-    async fn resume(&self, snapshots: &crate::snapshot::Snapshots, staged: &Arc<Mirror>, stream: crate::snapshot::Stream) -> Option<u64> {
+    async fn resume(&self, snapshots: &crate::store::snapshot::Snapshots, staged: &Arc<Mirror>, stream: crate::store::snapshot::StreamPosition) -> Option<u64> {
         let (snapshots, bucket, into) = (snapshots.clone(), self.bucket.clone(), staged.clone());
         let started = Instant::now();
         match tokio::task::spawn_blocking(move || snapshots.load(&bucket, stream, &into)).await {
             Ok(Ok(Some(loaded))) => {
-                let crate::snapshot::Took { read, hashed, parsed, elapsed: file } = loaded.took;
+                let crate::store::snapshot::Took { read, hashed, parsed, elapsed: file } = loaded.took;
                 tracing::info!(bucket = self.bucket, revision = loaded.revision, keys = loaded.entries, elapsed = ?started.elapsed(), ?file, ?read, ?hashed, ?parsed, built = ?loaded.built, "mirror loaded from its snapshot; resuming its watch after it");
                 Some(loaded.revision)
             }
@@ -397,7 +397,7 @@ impl Follower {
             return Ok(());
         }
         let census = staged.census();
-        match crate::bucket::stream_state(&self.js, &self.bucket).await? {
+        match crate::nats::bucket::stream_state(&self.js, &self.bucket).await? {
             Some(s) if s.last_sequence == census.revision && s.subjects_count != census.subjects => {
                 let why = format!(
                     "the snapshot of {} does not fit its stream: at revision {} the stream holds {} subjects and the resumed copy {}; replaying in full",

@@ -101,7 +101,7 @@ impl NatsBackend {
     /// [`MAX_MIRRORS`] of them.
     pub async fn buckets_matching(&self, patterns: &[String]) -> Result<Vec<String>> {
         let names = self.listing().await?;
-        let mut out: Vec<String> = names.1.iter().filter(|b| patterns.iter().any(|p| crate::changes::bucket_matches(p, b))).cloned().collect();
+        let mut out: Vec<String> = names.1.iter().filter(|b| patterns.iter().any(|p| crate::nats::changes::bucket_matches(p, b))).cloned().collect();
         out.sort();
         out.truncate(MAX_MIRRORS);
         Ok(out)

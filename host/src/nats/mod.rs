@@ -11,7 +11,7 @@
 //! A bucket that does not exist yet (a node whose engine has composed nothing) reads as empty
 //! and is never mirrored. Every async-nats failure becomes a host [`Error`] here, by its kind.
 
-use crate::sync::Locked;
+use crate::base::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -21,24 +21,31 @@ use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use crate::backend::{check_bucket, Backend, Count, Holds, REGISTRY_BUCKET, STATES_BUCKET};
-use crate::bucket::{bounded, ensure_bucket, open_bucket, stream_info, Limits, Shape, Spec};
-use crate::changes::Changes;
-use crate::error::{Error, ErrorKind, Result};
-use crate::kept::KeptPlans;
-use crate::mirror::{Mirror, Quota};
-use crate::seat::Seat;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::nats::bucket::{bounded, ensure_bucket, open_bucket, stream_info, BucketLimits, Shape, Spec};
+use crate::nats::changes::Changes;
+use crate::nats::seat::Seat;
+use crate::store::backend::{check_bucket, Backend, Count, Holds, REGISTRY_BUCKET, STATES_BUCKET};
+use crate::store::kept::KeptPlans;
+use crate::store::mirror::{Mirror, Quota};
 
+pub mod bucket;
+pub mod changes;
+pub mod connect;
 mod discovery;
+pub mod embedded;
+pub mod events;
 mod follow;
 mod listing;
+pub mod mesh;
+pub mod seat;
 mod watch;
 mod writes;
 
 use writes::{cas_put, update_err};
 
 /// The buckets the node clients write and the provisioner reads.
-pub const CLIENT_BUCKETS: [&str; 3] = crate::bucket::SHARED_BUCKETS;
+pub const CLIENT_BUCKETS: [&str; 3] = crate::nats::bucket::SHARED_BUCKETS;
 /// The buckets every instance keeps mirrored, standby included (so taking over is quick): the
 /// registry and the node clients' buckets. An instance is ready when these are in sync.
 pub const WARM_BUCKETS: [&str; 4] = [REGISTRY_BUCKET, CLIENT_BUCKETS[0], CLIENT_BUCKETS[1], CLIENT_BUCKETS[2]];
@@ -80,11 +87,11 @@ const REFUSED_POLL: Duration = Duration::from_secs(10);
 
 /// How the backend makes and keeps its buckets.
 #[derive(Debug, Clone, Copy)]
-pub struct Options {
+pub struct BackendOptions {
     /// Replicas of the buckets this server creates.
     pub replicas: usize,
     /// The limits of the node clients' buckets this server creates.
-    pub limits: Limits,
+    pub limits: BucketLimits,
     /// The bytes (keys and values) all mirrors together may hold; a mirror whose growth passes
     /// it is dropped and its bucket refused until there is room (0: no budget).
     pub mirror_budget: usize,
@@ -92,9 +99,9 @@ pub struct Options {
     pub quota: Quota,
 }
 
-impl Default for Options {
+impl Default for BackendOptions {
     fn default() -> Self {
-        Options { replicas: 1, limits: Limits::default(), mirror_budget: 0, quota: Quota::default() }
+        BackendOptions { replicas: 1, limits: BucketLimits::default(), mirror_budget: 0, quota: Quota::default() }
     }
 }
 
@@ -102,7 +109,7 @@ impl Default for Options {
 type Listing = (Option<(Instant, u64)>, std::collections::HashSet<String>);
 
 pub struct NatsBackend {
-    options: Options,
+    options: BackendOptions,
     client: Client,
     /// Discovery answers by service: when asked and how many responded.
     discovered: std::sync::Mutex<HashMap<String, (Instant, u32)>>,
@@ -127,19 +134,19 @@ pub struct NatsBackend {
     seat: OnceLock<Arc<Seat>>,
     /// Where the mirrors' snapshots are kept, once set: a mirror's first replay resumes from
     /// its snapshot.
-    snapshots: OnceLock<crate::snapshot::Snapshots>,
+    snapshots: OnceLock<crate::store::snapshot::Snapshots>,
     /// Bumped to make every mirror replay from scratch (after a reconnect).
     resync: tokio::sync::watch::Sender<u64>,
     changes: Arc<Changes>,
     /// The changes of the buckets a module's state depends on (`status-inputs`).
     state_changes: Arc<Changes>,
-    events: Arc<crate::events::Events>,
+    events: Arc<crate::nats::events::Events>,
     kept: KeptPlans,
 }
 
 impl NatsBackend {
     /// Opens (or creates) the provisioner's buckets as `options` say; plans are kept by `kept`.
-    pub async fn open(client: Client, options: Options, kept: KeptPlans) -> Result<Arc<Self>> {
+    pub async fn open(client: Client, options: BackendOptions, kept: KeptPlans) -> Result<Arc<Self>> {
         let js = jetstream::new(client.clone());
         let (mut registry, mut states) = (None, None);
         for spec in owned_buckets(&options) {
@@ -170,7 +177,7 @@ impl NatsBackend {
             resync: tokio::sync::watch::channel(0).0,
             changes: Arc::new(Changes::new()),
             state_changes: Arc::new(Changes::new()),
-            events: Arc::new(crate::events::Events::new()),
+            events: Arc::new(crate::nats::events::Events::new()),
             kept,
         }))
     }
@@ -209,7 +216,7 @@ impl NatsBackend {
     }
 
     /// The live changes of the buckets notices come from.
-    pub fn events(&self) -> &Arc<crate::events::Events> {
+    pub fn events(&self) -> &Arc<crate::nats::events::Events> {
         &self.events
     }
 
@@ -224,12 +231,12 @@ impl NatsBackend {
 
     /// From now on, a mirror's first replay starts from its snapshot in `snapshots`, when it
     /// has one that fits its stream (set before the first mirror is asked for).
-    pub fn resume_from(&self, snapshots: crate::snapshot::Snapshots) {
+    pub fn resume_from(&self, snapshots: crate::store::snapshot::Snapshots) {
         let _ = self.snapshots.set(snapshots);
     }
 
     /// Where the mirrors' snapshots are kept, if anywhere.
-    pub fn snapshots(&self) -> Option<&crate::snapshot::Snapshots> {
+    pub fn snapshots(&self) -> Option<&crate::store::snapshot::Snapshots> {
         self.snapshots.get()
     }
 
@@ -253,9 +260,9 @@ impl NatsBackend {
 pub const CAPTURED_NEVER: [&str; 2] = ["mesh-provisioner.>", "$SRV.>"];
 
 /// The buckets this server creates (the registry first), with their settings.
-pub fn owned_buckets(options: &Options) -> Vec<Spec> {
+pub fn owned_buckets(options: &BackendOptions) -> Vec<Spec> {
     // A few dozen kinds of a few hundred bytes each, five revisions kept.
-    let registry = Limits { max_bytes: 16 << 20, max_value: Limits::DEFAULT_MAX_VALUE };
+    let registry = BucketLimits { max_bytes: 16 << 20, max_value: BucketLimits::DEFAULT_MAX_VALUE };
     let mut all = vec![
         Spec::new(REGISTRY_BUCKET, "mesh-provisioner: which domain answers each kind", 5, options.replicas, registry),
         Spec::new(STATES_BUCKET, "mesh-provisioner: each module's state and since when", 1, options.replicas, options.limits),
@@ -272,7 +279,7 @@ impl Backend for NatsBackend {
     fn put_registry<'a>(&'a self, key: &'a str, value: Vec<u8>, expected: u64) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             self.check_writable()?;
-            crate::mirror::check_subject(key, false)?;
+            crate::base::wire::check_subject(key, false)?;
             let rev = cas_put(&self.registry, "registry", key, value, expected).await?;
             self.settle(REGISTRY_BUCKET, rev).await;
             Ok(rev)
@@ -282,7 +289,7 @@ impl Backend for NatsBackend {
     fn delete_registry<'a>(&'a self, key: &'a str, expected: u64) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             self.check_writable()?;
-            crate::mirror::check_subject(key, false)?;
+            crate::base::wire::check_subject(key, false)?;
             bounded(|| format!("deleting registry key {key}"), async {
                 self.registry.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("registry delete", e))
             })
@@ -324,7 +331,7 @@ impl Backend for NatsBackend {
 
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {
         Box::pin(async move {
-            crate::backend::check_service(service)?;
+            crate::store::backend::check_service(service)?;
             // A kept count is the answer until it expires: nothing replaces it sooner.
             let kept = |at: Instant, responders: u32| Count { responders, holds: Some(Holds::until(at + DISCOVERY_CACHE)) };
             let cached = self.discovered.locked().get(service).copied();

@@ -21,7 +21,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::base::error::{Error, ErrorKind, Result};
 
 /// The KV headers that say a message is a delete (async-nats's `Operation`).
 const KV_OPERATION: &str = "KV-Operation";

@@ -10,7 +10,7 @@ impl NatsBackend {
     /// mirror is waited for (briefly) so the next decision reads this write.
     pub async fn write_state(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<()> {
         self.check_writable()?;
-        crate::mirror::check_subject(key, false)?;
+        crate::base::wire::check_subject(key, false)?;
         if value.is_empty() {
             // A delete's marker is not the next decision's concern: no record reads as none.
             return bounded(|| format!("deleting state record {key}"), async {

@@ -1,5 +1,5 @@
 //! Host-side bindings of the WIT world `provisioner`, and the imports implemented over a
-//! [`Backend`](crate::backend::Backend). The generated types are the host's own (the runtime
+//! [`Backend`](crate::store::backend::Backend). The generated types are the host's own (the runtime
 //! re-exports the reports; nothing copies them). Imports return the host's [`Error`]
 //! (`trappable_error_type`); `types::Host::convert_host_error` is the one place it becomes the
 //! WIT `host-error` the guest sees.
@@ -7,8 +7,8 @@
 use wasmtime::component::HasData;
 
 use super::Ctx;
-use crate::error::{Error, ErrorKind};
-use crate::mirror::Reach;
+use crate::base::error::{Error, ErrorKind};
+use crate::store::mirror::Reach;
 
 wasmtime::component::bindgen!({
     world: "provisioner",
@@ -48,7 +48,11 @@ const IMPORT_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
 /// Runs an import's work within the call's deadline: a mirror that is slow to sync or a bus that
 /// does not answer can never hold a call (and so a reply) past it. What ran out is a `timeout`,
 /// named by `what` (written only then: imports are on every request's path).
-async fn bounded<T>(deadline: std::time::Instant, what: impl FnOnce() -> String, work: impl std::future::Future<Output = crate::error::Result<T>>) -> R<T> {
+async fn within_deadline<T>(
+    deadline: std::time::Instant,
+    what: impl FnOnce() -> String,
+    work: impl std::future::Future<Output = crate::base::error::Result<T>>,
+) -> R<T> {
     let until = deadline.checked_sub(IMPORT_MARGIN).unwrap_or(deadline);
     match tokio::time::timeout_at(tokio::time::Instant::from_std(until), work).await {
         Ok(done) => done,
@@ -58,14 +62,14 @@ async fn bounded<T>(deadline: std::time::Instant, what: impl FnOnce() -> String,
 
 /// The mirror of `bucket`, in sync, within the call's deadline; recorded, with what the read
 /// depends on (the part of the mirror it `reach`es), for the reply cache.
-async fn mirror(ctx: &mut Ctx, bucket: &str, reach: Reach) -> R<std::sync::Arc<crate::mirror::Mirror>> {
-    let m = bounded(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
+async fn mirror(ctx: &mut Ctx, bucket: &str, reach: Reach) -> R<std::sync::Arc<crate::store::mirror::Mirror>> {
+    let m = within_deadline(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
     let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach));
     ctx.record(read);
     m
 }
 
-fn entry(e: crate::mirror::Entry) -> types::Entry {
+fn entry(e: crate::store::mirror::Entry) -> types::Entry {
     types::Entry { key: e.key, revision: e.revision, value: e.value }
 }
 
@@ -96,7 +100,7 @@ impl store::Host for Ctx {
 
 impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
-        let count = bounded(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
+        let count = within_deadline(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
         // A reply that used a count is kept only while the count holds (never one that failed).
         self.record(count.as_ref().ok().and_then(|c| super::Read::of_count(&service, c)));
         count.map(|c| c.responders)
@@ -106,12 +110,12 @@ impl discovery::Host for Ctx {
 impl registry_writer::Host for Ctx {
     async fn put(&mut self, key: String, value: Vec<u8>, expected: u64) -> R<u64> {
         self.reads = None;
-        bounded(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await
+        within_deadline(self.deadline, || "a registry write".into(), self.backend.put_registry(&key, value, expected)).await
     }
 
     async fn delete(&mut self, key: String, expected: u64) -> R<()> {
         self.reads = None;
-        bounded(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await
+        within_deadline(self.deadline, || "a registry delete".into(), self.backend.delete_registry(&key, expected)).await
     }
 }
 

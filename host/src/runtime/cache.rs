@@ -25,13 +25,13 @@
 //! bytes the guest answered to the same request over the same data, at most with the digits the
 //! guest pointed at rewritten by the guest's own rule.
 
-use crate::sync::Locked;
+use crate::base::sync::Locked;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Backend, Count, Holds};
-use crate::mirror::{Holding, Mirror, Reach};
+use crate::store::backend::{Backend, Count, Holds};
+use crate::store::mirror::{Holding, Mirror, Reach};
 
 use super::{Reply, RevisionSlot};
 
@@ -253,7 +253,7 @@ impl ReplyCache {
     pub fn get(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, count: bool) -> Option<Reply> {
         let stale = |why: &str| {
             if count {
-                crate::metrics::metrics().reply_cache_stale(why);
+                crate::base::metrics::metrics().reply_cache_stale(why);
             }
         };
         let mut kept = self.kept.locked();
@@ -292,7 +292,7 @@ impl ReplyCache {
                 }
             }
             k.reply = reply;
-            crate::metrics::metrics().reply_cache_carried();
+            crate::base::metrics::metrics().reply_cache_carried();
         }
         Some(k.reply.clone())
     }
@@ -300,7 +300,7 @@ impl ReplyCache {
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
     pub fn put(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
         let Some(mut reads) = reads else {
-            crate::metrics::metrics().reply_cache_stale("(not kept: read what no replay could)");
+            crate::base::metrics::metrics().reply_cache_stale("(not kept: read what no replay could)");
             return;
         };
         if matches!(reply.code, super::ReplyCode::Unavailable) {
@@ -322,7 +322,7 @@ impl ReplyCache {
             let repeated = match (one.last_mut(), &r) {
                 (Some(Read::Mirror { bucket: last, mirror: was, reach: reached, .. }), Read::Mirror { bucket, mirror, reach, .. }) if last == bucket => {
                     if !Arc::ptr_eq(was, mirror) {
-                        crate::metrics::metrics().reply_cache_stale("(not kept: a mirror replaced mid-call)");
+                        crate::base::metrics::metrics().reply_cache_stale("(not kept: a mirror replaced mid-call)");
                         return;
                     }
                     *reached = reached.with(*reach);
@@ -340,7 +340,7 @@ impl ReplyCache {
         let hash = self.hash(verb, body, max_reply);
         let mut kept = self.kept.locked();
         if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
-            crate::metrics::metrics().reply_cache_stale("(all dropped: the cache was full)");
+            crate::base::metrics::metrics().reply_cache_stale("(all dropped: the cache was full)");
             *kept = Replies::default();
         }
         let entry = Kept { backend: Arc::downgrade(backend), verb: verb.into(), body: body.into(), max_reply, reply: reply.clone(), reads: one };

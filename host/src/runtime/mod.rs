@@ -2,7 +2,7 @@
 //! fresh, limited stores.
 //!
 //! Instances come from the [`ProvisionerPre`](bindings::ProvisionerPre) (tens of microseconds)
-//! and serve a bounded number of calls ([`Options::reuse`]); each call has an epoch deadline and
+//! and serve a bounded number of calls ([`EngineOptions::reuse`]); each call has an epoch deadline and
 //! the store a memory limit. A trap, a deadline or an exhausted limit is an [`ErrorKind::Guest`]
 //! error, the instance is dropped (never returned to the pool), and the next call starts clean. The guest's WASI context
 //! grants nothing: no preopened directories, environment, arguments or sockets. A verb call's
@@ -10,8 +10,11 @@
 
 mod bindings;
 mod cache;
+pub mod component;
+pub mod current;
+pub mod trust;
 
-use crate::sync::Locked;
+use crate::base::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +25,8 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::backend::Backend;
-use crate::error::{Error, ErrorKind, Result};
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::store::backend::Backend;
 /// The WIT types a caller of the runtime sees, as bindgen generates them (no host copies):
 /// `BuildInfo`, the reports of `reconcile`, `refresh`, `notices` and `transitions`, and what
 /// they carry.
@@ -53,7 +56,7 @@ impl Default for Limits {
 
 /// How instances are made and kept.
 #[derive(Debug, Clone, Copy)]
-pub struct Options {
+pub struct EngineOptions {
     /// Use wasmtime's pooling allocator (pre-reserved slots) instead of on-demand allocation.
     pub pooling: bool,
     /// Calls one instance may serve before it is thrown away (1: a fresh instance per call).
@@ -101,14 +104,14 @@ impl Budget {
     }
 }
 
-impl Default for Options {
+impl Default for EngineOptions {
     fn default() -> Self {
         // Measured (`cargo bench -p tests --bench component`): a call on a fresh instance
         // ~158 µs, on a kept one ~24 µs; at 64 calls an instance, its making and dropping were
         // ~2.5 µs of every call's mean (27.4 µs against 25.0 at 4096). The guest keeps no state
         // between calls, and its heap is capped by `keep_below` (a kept instance holds ~1 MiB):
         // the count only bounds how long any one instance lives.
-        Options { pooling: false, reuse: 4096, keep_below: 16 << 20, reply_cache: true, memory_total: 1 << 30 }
+        EngineOptions { pooling: false, reuse: 4096, keep_below: 16 << 20, reply_cache: true, memory_total: 1 << 30 }
     }
 }
 
@@ -192,7 +195,7 @@ impl WasiView for Ctx {
 pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<Ctx>>,
-    options: Options,
+    options: EngineOptions,
     budget: Arc<Budget>,
     _ticker: Arc<Ticker>,
 }
@@ -207,10 +210,10 @@ impl Drop for Ticker {
 
 impl Runtime {
     pub fn new() -> Result<Self> {
-        Self::with_options(Options::default())
+        Self::with_options(EngineOptions::default())
     }
 
-    pub fn with_options(options: Options) -> Result<Self> {
+    pub fn with_options(options: EngineOptions) -> Result<Self> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         // The component model's concurrency (async tasks, streams, futures) is not used: each
@@ -281,7 +284,7 @@ impl Runtime {
     fn compile(&self, bytes: &[u8], digest: &str, cache: Option<&Path>) -> Result<(Component, bool)> {
         let path = cache.map(|dir| self.artifact_path(dir, digest));
         if let Some(p) = path.as_ref().filter(|p| p.exists()) {
-            match crate::trust::trusted_artifact(p) {
+            match crate::runtime::trust::trusted_artifact(p) {
                 // SAFETY: native code, loaded only as this server wrote it: the directory and
                 // the file are this user's alone and the bytes (the very ones loaded, not the
                 // file read again) match the digest recorded when `Component::serialize` of an
@@ -296,7 +299,8 @@ impl Runtime {
         }
         let component = Component::new(&self.engine, bytes).map_err(guest_err("compiling the component"))?;
         if let Some(p) = path {
-            let written = component.serialize().map_err(|e| e.to_string()).and_then(|art| crate::trust::write_artifact(&p, &art).map_err(|e| e.to_string()));
+            let written =
+                component.serialize().map_err(|e| e.to_string()).and_then(|art| crate::runtime::trust::write_artifact(&p, &art).map_err(|e| e.to_string()));
             if let Err(e) = written {
                 tracing::warn!(path = %p.display(), "could not cache the compiled component: {e}");
             }
@@ -409,7 +413,7 @@ impl Guest {
                     Ok(api) => api,
                     Err(e) => return Err(call_err(&limits, store.data().limits.hit, e)),
                 };
-                crate::metrics::metrics().instances.inc();
+                crate::base::metrics::metrics().instances.inc();
                 Instance { store, api, memory: limits.memory }
             }
         };
@@ -449,7 +453,7 @@ impl Guest {
         let (inst, r) = f(inst).await;
         let v = r.map_err(|e| call_err(&limits, inst.store.data().limits.hit, e))?;
         if let Some(export) = export {
-            crate::metrics::metrics().guest_call(export, started.elapsed());
+            crate::base::metrics::metrics().guest_call(export, started.elapsed());
         }
         self.checkin(inst);
         Ok(v)
@@ -570,7 +574,7 @@ impl Guest {
             return Ok(self.handle_uncached(backend, limits, verb, body, max_reply).await?.0);
         }
         if let Some(reply) = self.replies.get(&backend, verb, body, max_reply, true) {
-            crate::metrics::metrics().reply_cache(true);
+            crate::base::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
         // The same request already being answered: wait for that answer (a hash collision or a
@@ -579,10 +583,10 @@ impl Guest {
         // Looked again whether leading or after waiting: a call that finished between the first
         // look and the flight kept its reply before it landed (one lookup saves a guest call).
         if let Some(reply) = self.replies.get(&backend, verb, body, max_reply, false) {
-            crate::metrics::metrics().reply_cache(true);
+            crate::base::metrics::metrics().reply_cache(true);
             return Ok(reply);
         }
-        crate::metrics::metrics().reply_cache(false);
+        crate::base::metrics::metrics().reply_cache(false);
         let (reply, reads) = self.handle_uncached(backend.clone(), limits, verb, body, max_reply).await?;
         self.replies.put(&backend, verb, body, max_reply, &reply, reads);
         drop(flight);

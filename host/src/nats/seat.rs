@@ -1,0 +1,329 @@
+//! The seat (SPEC §8): held once for the mesh, as a lease on key `holder` of
+//! `mesh-provisioner_seat` (history 1, max age = the TTL, so a dead holder's lease expires).
+//!
+//! Taken with create, renewed with compare-and-set every TTL/3, the value naming the instance. A
+//! standby takes over a lease whose revision has not moved for a whole TTL — the TTL written in
+//! the lease by its holder, not the standby's own — by compare-and-set.
+//! The lease is held only until a monotonic deadline (¾ TTL after the last renewal was sent), so
+//! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
+//! before the TTL can pass, even before this task gets to run again.
+
+use crate::base::sync::Locked;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::base::error::Result;
+
+pub const SEAT_BUCKET: &str = "mesh-provisioner_seat";
+pub const HOLDER: &str = "holder";
+/// The lease's default length (`--seat-ttl`), and the seat bucket's max age when `bootstrap`
+/// makes it.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+pub struct Seat {
+    js: jetstream::Context,
+    /// The seat bucket's settings, to make it again if the bus loses it.
+    config: crate::nats::bucket::Spec,
+    kv: kv::Store,
+    instance: String,
+    /// How long this instance's leases last (at most the bucket's max age).
+    ttl: Duration,
+    /// The seat bucket's max age (zero: none): no lease outlives it unrenewed.
+    max_age: Duration,
+    /// The lease's revision and the monotonic instant it is held until.
+    lease: Mutex<Option<(u64, Instant)>>,
+    /// As a standby: the holder's revision last seen and when it was first seen.
+    observed: Mutex<Option<(u64, Instant)>>,
+    held: watch::Sender<bool>,
+    /// Counts the times the seat was taken: the current term.
+    terms: std::sync::atomic::AtomicU64,
+}
+
+impl Seat {
+    /// Opens (or creates) the seat bucket for `ttl`.
+    pub async fn open(js: &jetstream::Context, ttl: Duration, replicas: usize, instance: String) -> Result<Arc<Seat>> {
+        let config = seat_bucket(ttl, replicas);
+        let kv = crate::nats::bucket::open_bucket(js, &config).await?;
+        // The bucket was created by whoever came first, perhaps with a shorter TTL: its max age
+        // expires a lease that is not renewed within it, so this instance may hold no longer.
+        let max_age = match kv.status().await {
+            Ok(s) => s.max_age(),
+            Err(e) => return Err(crate::base::error::Error::new(crate::base::error::ErrorKind::Unavailable, format!("status of {SEAT_BUCKET}: {e}"))),
+        };
+        let ttl = if max_age > Duration::ZERO && max_age < ttl {
+            tracing::warn!(?ttl, ?max_age, "the seat bucket expires leases sooner than --seat-ttl: holding for its max age instead");
+            max_age
+        } else {
+            ttl
+        };
+        Ok(Arc::new(Seat {
+            js: js.clone(),
+            config,
+            kv,
+            instance,
+            ttl,
+            max_age,
+            lease: Mutex::new(None),
+            observed: Mutex::new(None),
+            held: watch::channel(false).0,
+            terms: Default::default(),
+        }))
+    }
+
+    /// Makes the seat's bucket again if the bus lost it (a server restarted with an empty
+    /// store); whether it was made.
+    pub async fn ensure_bucket(&self) -> Result<bool> {
+        crate::nats::bucket::ensure_bucket(&self.js, &self.config).await
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// How often the holder renews.
+    pub fn interval(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// How often a standby looks at the lease.
+    pub fn poll(&self) -> Duration {
+        self.interval().min(Duration::from_millis(250))
+    }
+
+    /// Whether the lease is held right now (by the monotonic clock, not by what this task last saw).
+    pub fn is_held(&self) -> bool {
+        self.term().is_some()
+    }
+
+    /// The term of the lease held right now: it changes whenever the seat is taken anew, so a
+    /// caller that saw the same term before and after some work held the seat throughout it.
+    pub fn term(&self) -> Option<u64> {
+        let held = matches!(*self.lease.locked(), Some((_, until)) if Instant::now() < until);
+        held.then(|| self.terms.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Wakes on every change of holding.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.held.subscribe()
+    }
+
+    fn value(&self) -> bytes::Bytes {
+        json!({"instance": self.instance, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
+    }
+
+    fn hold(&self, revision: u64, sent: Instant) {
+        let mut lease = self.lease.locked();
+        if lease.is_none() {
+            self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        *lease = Some((revision, sent + self.ttl * 3 / 4));
+        drop(lease);
+        if self.held.send_if_modified(|h| !std::mem::replace(h, true)) {
+            crate::base::metrics::metrics().seat_transitions.inc();
+        }
+    }
+
+    fn drop_lease(&self, why: &str) {
+        let had = self.lease.locked().take().is_some();
+        if had {
+            tracing::warn!(instance = self.instance, "lost the seat: {why}; no longer serving or writing");
+        }
+        if self.held.send_if_modified(|h| std::mem::replace(h, false)) {
+            crate::base::metrics::metrics().seat_transitions.inc();
+        }
+    }
+
+    /// One step: renew if holding, else try to take. Returns whether the seat is held.
+    pub async fn step(&self) -> bool {
+        let sent = Instant::now();
+        let current = *self.lease.locked();
+        match current {
+            Some((_, until)) if sent >= until => {
+                self.drop_lease("the lease ran out before it was renewed (paused or cut off)");
+                false
+            }
+            Some((revision, _)) => match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), revision)).await {
+                Ok(Ok(rev)) => {
+                    self.hold(rev, sent);
+                    true
+                }
+                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, sent, &e.to_string()).await,
+                Ok(Err(e)) => {
+                    self.drop_lease(&format!("renewal refused: {e}"));
+                    false
+                }
+                Err(_) => {
+                    self.drop_lease("renewal timed out");
+                    false
+                }
+            },
+            None => self.take(sent).await,
+        }
+    }
+
+    /// A renewal found another revision than this holder's: another instance took the seat —
+    /// or something that is not a holder wrote on its key. Within one account any responder
+    /// publishes its reply wherever a request names (the JetStream API answers `$JS.API.INFO`
+    /// on `$KV.mesh-provisioner_seat.holder` if a node asks so), and such a value is no lease:
+    /// the holder writes over it at once, by compare-and-set on its revision, and holds on.
+    async fn write_over(&self, held: u64, sent: Instant, why: &str) -> bool {
+        let entry = match tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await {
+            Ok(Ok(Some(entry))) => entry,
+            _ => {
+                self.drop_lease(&format!("renewal refused: {why}"));
+                return false;
+            }
+        };
+        if entry.operation != kv::Operation::Put || is_lease(&entry.value) || entry.revision <= held {
+            self.drop_lease(&format!("renewal refused: {why}"));
+            return false;
+        }
+        match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+            Ok(Ok(rev)) => {
+                let shown: String = String::from_utf8_lossy(&entry.value).chars().take(120).collect();
+                tracing::warn!(
+                    instance = self.instance,
+                    revision = entry.revision,
+                    "a value that is no lease was written on the seat's key (a reply aimed there?): written over: {shown}"
+                );
+                self.hold(rev, sent);
+                true
+            }
+            _ => {
+                self.drop_lease(&format!("renewal refused: {why}; writing over a value that is no lease failed"));
+                false
+            }
+        }
+    }
+
+    async fn take(&self, sent: Instant) -> bool {
+        match tokio::time::timeout(self.interval(), self.kv.create(HOLDER, self.value())).await {
+            Ok(Ok(rev)) => {
+                tracing::info!(instance = self.instance, revision = rev, "took the seat");
+                self.hold(rev, sent);
+                true
+            }
+            Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => self.contend(sent).await,
+            Ok(Err(e)) => {
+                tracing::debug!("seat not taken: {e}");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The lease exists. Take it by compare-and-set on its revision when it names this instance
+    /// (after a bus outage), or when its holder has not renewed for a whole TTL by this
+    /// instance's clock: the holder stopped itself ¾ TTL after sending its last renewal, which
+    /// was before it was seen here. Waiting for the bucket's max age to expire the key would
+    /// add the server's expiry granularity to every failover.
+    async fn contend(&self, sent: Instant) -> bool {
+        let Ok(Ok(Some(entry))) = tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await else {
+            return false;
+        };
+        if entry.operation != kv::Operation::Put {
+            return false;
+        }
+        let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok().filter(|_| is_lease(&entry.value));
+        let ours = lease.as_ref().is_some_and(|v| v["instance"] == self.instance.as_str());
+        let ttl = self.lease_ttl(lease.as_ref());
+        let stale = {
+            let mut seen = self.observed.locked();
+            match *seen {
+                Some((rev, since)) if rev == entry.revision => since.elapsed() >= ttl,
+                // A value that is no lease (see `write_over`) does not restart the wait: the
+                // holder is judged by its last real lease, so such writes can neither hold
+                // off a takeover from a dead holder nor hurry one from a live one.
+                Some((_, since)) if lease.is_none() => since.elapsed() >= ttl,
+                _ => {
+                    *seen = Some((entry.revision, Instant::now()));
+                    false
+                }
+            }
+        };
+        if !ours && !stale {
+            return false;
+        }
+        match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+            Ok(Ok(rev)) => {
+                let how = if ours { "took the seat back" } else { "took the seat from a holder that stopped renewing" };
+                tracing::info!(instance = self.instance, revision = rev, "{how}");
+                self.hold(rev, sent);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// How long the holder of `lease` may go without renewing: the TTL written in the lease
+    /// (its holder's, not this instance's), bounded by the bucket's max age, which expires the
+    /// key anyway. A lease that names no TTL is judged by the bucket's max age, else by this
+    /// instance's own.
+    fn lease_ttl(&self, lease: Option<&serde_json::Value>) -> Duration {
+        let written = lease.and_then(|v| v["ttl_ms"].as_u64()).filter(|ms| *ms > 0).map(Duration::from_millis);
+        let bound = (self.max_age > Duration::ZERO).then_some(self.max_age);
+        match (written, bound) {
+            (Some(w), Some(b)) => w.min(b),
+            (Some(w), None) => w,
+            (None, Some(b)) => b,
+            (None, None) => self.ttl,
+        }
+    }
+
+    /// Renews every interval, or as a standby looks at the lease every poll, until dropped.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            let held = self.step().await;
+            tokio::time::sleep(if held { self.interval() } else { self.poll() }).await;
+        }
+    }
+
+    /// Gives the seat up at shutdown so a standby takes over at once.
+    pub async fn release(&self) {
+        let lease = self.lease.locked().take();
+        if self.held.send_if_modified(|h| std::mem::replace(h, false)) {
+            crate::base::metrics::metrics().seat_transitions.inc();
+        }
+        if let Some((revision, _)) = lease {
+            match self.kv.delete_expect_revision(HOLDER, Some(revision)).await {
+                Ok(()) => tracing::info!(instance = self.instance, "released the seat"),
+                Err(e) => tracing::warn!("could not release the seat: {e}"),
+            }
+        }
+    }
+}
+
+/// Whether `value` is a lease as a holder writes it: JSON naming an instance and its TTL.
+fn is_lease(value: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
+}
+
+/// The seat bucket: one value kept, expired after the TTL.
+pub fn seat_bucket(ttl: Duration, replicas: usize) -> crate::nats::bucket::Spec {
+    // One lease of a few hundred bytes: a small limit, so nothing else fits in it.
+    let limits = crate::nats::bucket::BucketLimits { max_bytes: 1 << 20, max_value: 4 << 10 };
+    crate::nats::bucket::Spec { max_age: ttl, ..crate::nats::bucket::Spec::new(SEAT_BUCKET, "mesh-provisioner: who holds the seat", 1, replicas, limits) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_what_a_holder_writes_and_nothing_else() {
+        assert!(is_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#));
+        for not in [
+            &br#"{"type":"io.nats.jetstream.api.v1.account_info_response","memory":0}"#[..],
+            b"",
+            b"garbage",
+            br#"{"instance":"h-1"}"#,
+            br#"{"instance":7,"ttl_ms":1}"#,
+        ] {
+            assert!(!is_lease(not), "{}", String::from_utf8_lossy(not));
+        }
+    }
+}
