@@ -15,7 +15,6 @@ use crate::escape::is_identifier;
 use crate::keys::{parse_assignment, APPLIED, ASSIGNMENTS};
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
-use crate::registry;
 use crate::value::{Flat, Object};
 
 /// What a check found.
@@ -236,7 +235,9 @@ pub(crate) fn check(
             return plain(Place::Nowhere, Check::NotInstalled, why);
         }
     }
-    match provision::resolve(node, module, need) {
+    let resolved = provision::resolve(node, module, need);
+    let waits_on = provision::waits_on(&resolved, &need.kind);
+    match resolved {
         Resolved::Unanswered(why) => plain(Place::Nowhere, Check::Unanswered, why),
         Resolved::Malformed(why) => plain(Place::Nowhere, Check::Unanswered, format!("no domain can answer it: {why}")),
         Resolved::Verb { domain, verb } => {
@@ -262,7 +263,7 @@ pub(crate) fn check(
         Resolved::Bucket { domain, bucket, place, wild, .. } => {
             // A value a provider module writes: nothing will come unless it is assigned, and
             // nothing yet until it is applied somewhere.
-            let provided = registry::lookup(&need.kind).is_some_and(|d| d.owner == "<provider>");
+            let provided = waits_on.is_some();
             let mut provided_by = None;
             if provided {
                 match provider_once(env, &domain, providers) {

@@ -155,12 +155,12 @@ pub fn value(data: &[u8]) {
 /// [`value`] over any way of showing bytes, so a test can show that one losing bytes fails it.
 pub fn value_with(show: for<'a> fn(&'a [u8]) -> crate::value::Shown<'a>, data: &[u8]) {
     #[derive(serde::Serialize)]
-    struct Line<'a> {
+    struct FuzzLine<'a> {
         k: u8,
         #[serde(flatten)]
         shown: crate::value::Shown<'a>,
     }
-    let out = crate::value::to_json(&Line { k: 0, shown: show(data) });
+    let out = crate::value::to_json(&FuzzLine { k: 0, shown: show(data) });
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     let back = match v["encoding"].as_str() {
         None => {

@@ -152,7 +152,7 @@ pub(crate) fn grouped(env: &dyn Env, g: &Grouping, cursor: Option<&str>, after: 
 
 /// Whether any source knows `module` on `node`: its assignment, applied record, needs, or its
 /// node engine's compositions.
-pub(crate) fn known(env: &dyn Env, node: &str, module: &str) -> Result<bool, HostError> {
+pub fn known(env: &dyn Env, node: &str, module: &str) -> Result<bool, HostError> {
     let key = format!("{node}.{module}");
     Ok(env.get(ASSIGNMENTS, &key)?.is_some()
         || env.get(APPLIED, &key)?.is_some()

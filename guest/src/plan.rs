@@ -115,27 +115,27 @@ pub struct Kept {
 impl Kept {
     pub fn to_bytes(&self, node: &str, module: &str) -> Vec<u8> {
         #[derive(Serialize)]
-        struct File<'a> {
+        struct KeptFile<'a> {
             format: u64,
             node: &'a str,
             module: &'a str,
             build: &'a str,
             plan: &'a RawValue,
         }
-        to_json(&File { format: KEPT_FORMAT, node, module, build: &self.build, plan: &self.plan.raw }).into_bytes()
+        to_json(&KeptFile { format: KEPT_FORMAT, node, module, build: &self.build, plan: &self.plan.raw }).into_bytes()
     }
 
     /// Reads kept bytes back, refusing another module's plan or another format.
     pub fn from_bytes(bytes: &[u8], node: &str, module: &str) -> Result<Kept, String> {
         #[derive(Deserialize)]
-        struct File {
+        struct KeptFileRead {
             format: Option<Value>,
             node: Option<Value>,
             module: Option<Value>,
             build: Option<Value>,
             plan: Option<Box<RawValue>>,
         }
-        let f: File = serde_json::from_slice(bytes).map_err(|e| format!("the kept plan is not JSON: {e}"))?;
+        let f: KeptFileRead = serde_json::from_slice(bytes).map_err(|e| format!("the kept plan is not JSON: {e}"))?;
         match f.format.as_ref().and_then(Value::as_u64) {
             Some(KEPT_FORMAT) => {}
             Some(other) => return Err(format!("the kept plan is in format {other}; this guest reads format {KEPT_FORMAT}")),

@@ -174,6 +174,19 @@ pub(crate) enum Resolved {
     Malformed(String),
 }
 
+/// The module a resolved need waits on, if any: the service whose verb answers its kind, or
+/// the provider a provider-written value names (`bound:<provider>.…`). Status judges such a
+/// need by that module's assignments and applied records (`checks`), and a change of those
+/// moves the need's module (`transitions`): both ask here, so the two cannot disagree on who
+/// waits for whom.
+pub(crate) fn waits_on(resolved: &Resolved, kind: &str) -> Option<String> {
+    match resolved {
+        Resolved::Verb { domain, .. } => Some(domain.to_string()),
+        Resolved::Bucket { domain, .. } if registry::lookup(kind).is_some_and(|d| d.owner == "<provider>") => Some(domain.to_string()),
+        _ => None,
+    }
+}
+
 pub(crate) fn resolve(node: &str, module: &str, need: &Need) -> Resolved {
     if let Some(p) = identifier_problem(&need.kind) {
         return Resolved::Malformed(format!("the kind {p}"));

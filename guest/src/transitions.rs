@@ -20,7 +20,7 @@
 //! A sweep's continuation is a key no bucket holds: `>`, `q` (quiet) or `l` (live), `:`, and the
 //! last module read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -28,6 +28,8 @@ use crate::env::{Env, HostError, Level};
 use crate::escape::is_identifier;
 use crate::keys::{self, composed_node, parse_builds, parse_composed, parse_need, APPLIED, ASSIGNMENTS, BUILDS, NEEDS};
 use crate::modules::{self, pair_of, Pair};
+use crate::plan;
+use crate::provision::{self, Need};
 use crate::reconcile::scan_all;
 use crate::record::{self, Record, STATES};
 use crate::registry::{self, Answer};
@@ -35,7 +37,7 @@ use crate::status;
 
 /// Most modules one call finds the state of; the rest is handed back. Small, because the host
 /// runs a call on the thread that answers requests: a request that arrives meanwhile waits for
-/// it (with 200 a call, ~6 ms, the live mesh's p99 was 2.2–2.5× the echo's; with 50, ~2 ms, 1.3–1.4×).
+/// it (docs/performance.md has what 200 and 50 a call cost the verb's p99).
 pub const MAX_PER_CALL: usize = 50;
 
 /// The buckets whose changes can move a module's state: names, or one `*` in a name.
@@ -102,37 +104,72 @@ fn module_change(p: &Pair) -> (String, Option<String>) {
     (STATES.to_string(), Some(modules::join(p)))
 }
 
-/// Whether `module` provides values some need waits for: a verb's service, or a provider with
-/// a bucket of bound values. (A provider whose bucket does not exist yet moves its consumers at
-/// the next sweep.)
-fn provided_kinds(env: &dyn Env, module: &str) -> Result<Vec<&'static str>, HostError> {
-    let mut kinds: Vec<&'static str> = registry::table().iter().filter(|d| matches!(d.answer, Answer::Verb(_)) && d.owner == module).map(|d| d.kind).collect();
-    if is_identifier(module) && env.exists(&format!("{module}_bound"))? {
-        kinds.extend(registry::table().iter().filter(|d| d.owner == "<provider>").map(|d| d.kind));
+/// The modules whose recorded needs wait on one of `providers`, by the rule status judges
+/// them by ([`provision::waits_on`]): a value a provider writes, named `<provider>.…`, or a kind
+/// a provider's verb answers — whether or not the provider's bucket exists yet. Only modules
+/// that may be a provider are looked for: one a verb's owner, one whose assignment changed (an
+/// assignment deleted moves its consumers from waiting to blocked), one assigned somewhere, or
+/// one with a bucket of its own. (`providers`: each with whether its assignment changed.)
+fn consumers(env: &dyn Env, providers: &BTreeMap<String, bool>, into: &mut BTreeSet<Pair>) -> Result<(), HostError> {
+    let mut waited = BTreeSet::new();
+    for (p, reassigned) in providers {
+        let owns_a_verb = registry::table().iter().any(|d| matches!(d.answer, Answer::Verb(_)) && d.owner == p);
+        let may_provide = *reassigned || !scan_all(env, ASSIGNMENTS, &format!("*.{p}"))?.is_empty() || env.exists(&format!("{p}_bound"))?;
+        if owns_a_verb || (is_identifier(p) && may_provide) {
+            waited.insert(p.as_str());
+        }
     }
-    Ok(kinds)
-}
-
-/// The modules whose recorded needs wait on one of `providers` (a `bound` need named
-/// `<provider>.…`, or a kind a provider's verb answers).
-fn consumers(env: &dyn Env, providers: &BTreeSet<String>, into: &mut BTreeSet<Pair>) -> Result<(), HostError> {
-    let mut kinds: BTreeSet<&'static str> = BTreeSet::new();
-    let mut bound = BTreeSet::new();
-    for p in providers {
-        for kind in provided_kinds(env, p)? {
-            if registry::lookup(kind).is_some_and(|d| d.owner == "<provider>") {
-                bound.insert(kind);
-            } else {
-                kinds.insert(kind);
+    if waited.is_empty() {
+        return Ok(());
+    }
+    let kinds: BTreeSet<&'static str> = registry::table()
+        .iter()
+        .filter(|d| d.owner == "<provider>" || (matches!(d.answer, Answer::Verb(_)) && waited.contains(d.owner)))
+        .map(|d| d.kind)
+        .collect();
+    for kind in kinds {
+        for e in scan_all(env, NEEDS, &format!("*.*.{kind}.*"))? {
+            let Ok(k) = parse_need(&e.key) else { continue };
+            let need = Need { kind: k.kind.to_string(), name: k.name.to_string(), part: None };
+            let on = provision::waits_on(&provision::resolve(&k.node, &k.module, &need), &need.kind);
+            if on.is_some_and(|p| waited.contains(p.as_str())) {
+                into.insert((k.node.to_string(), k.module.to_string()));
             }
         }
     }
-    for kind in kinds.iter().chain(bound.iter()) {
-        for e in scan_all(env, NEEDS, &format!("*.*.{kind}.*"))? {
-            let Ok(k) = parse_need(&e.key) else { continue };
-            let by_provider = bound.contains(k.kind.as_str()) && k.name.split('.').next().is_some_and(|p| providers.contains(p));
-            if by_provider || kinds.contains(k.kind.as_str()) {
-                into.insert((k.node, k.module));
+    planned_consumers(env, &waited, into)
+}
+
+/// The modules whose plan (not their recorded needs) waits on one of `waited`, by the same
+/// reading a status makes ([`plan::compute`]). Only a module assigned or applied on a node with
+/// compositions has a plan; a provider's change is rare, so each such module's plan is read.
+fn planned_consumers(env: &dyn Env, waited: &BTreeSet<&str>, into: &mut BTreeSet<Pair>) -> Result<(), HostError> {
+    let mut composed: BTreeMap<String, bool> = BTreeMap::new();
+    for bucket in [ASSIGNMENTS, APPLIED] {
+        for e in scan_all(env, bucket, "*.*")? {
+            let Some(p) = pair_of(&e.key) else { continue };
+            if into.contains(&p) {
+                continue;
+            }
+            let has_compositions = match composed.get(&p.0) {
+                Some(c) => *c,
+                None => {
+                    let c = env.exists(&keys::composed(&p.0))?;
+                    composed.insert(p.0.clone(), c);
+                    c
+                }
+            };
+            if !has_compositions {
+                continue;
+            }
+            let plan = plan::compute(env, &p.0, &p.1, false)?;
+            let needs = plan.entries.first().and_then(|e| e.plan.as_ref()).map(|(_, body)| body.needs.as_slice()).unwrap_or_default();
+            let waits = needs.iter().any(|listed| match listed {
+                provision::Listed::Read(n) => provision::waits_on(&provision::resolve(&p.0, &p.1, n), &n.kind).is_some_and(|w| waited.contains(w.as_str())),
+                provision::Listed::Unreadable { .. } => false,
+            });
+            if waits {
+                into.insert(p);
             }
         }
     }
@@ -140,11 +177,11 @@ fn consumers(env: &dyn Env, providers: &BTreeSet<String>, into: &mut BTreeSet<Pa
 }
 
 /// The modules one keyed change moves directly, and the providers whose consumers it moves.
-fn affected(env: &dyn Env, bucket: &str, key: &str, into: &mut BTreeSet<Pair>, providers: &mut BTreeSet<String>) -> Result<(), HostError> {
+fn affected(env: &dyn Env, bucket: &str, key: &str, into: &mut BTreeSet<Pair>, providers: &mut BTreeMap<String, bool>) -> Result<(), HostError> {
     match bucket {
         ASSIGNMENTS | APPLIED => {
             if let Some(p) = pair_of(key) {
-                providers.insert(p.1.clone());
+                *providers.entry(p.1.clone()).or_default() |= bucket == ASSIGNMENTS;
                 into.insert(p);
             }
         }
@@ -176,7 +213,7 @@ fn affected(env: &dyn Env, bucket: &str, key: &str, into: &mut BTreeSet<Pair>, p
 /// found now is said to have happened.
 pub fn transitions(env: &dyn Env, changes: &[(String, Option<String>)], now: &str) -> Result<Transitions, HostError> {
     let mut report = Transitions::default();
-    let (mut pairs, mut providers) = (BTreeSet::new(), BTreeSet::new());
+    let (mut pairs, mut providers) = (BTreeSet::new(), BTreeMap::new());
     // One sweep: the earliest position asked, quiet if any quiet one was asked (a start).
     let mut sweep: Option<(Option<String>, bool)> = None;
     let mut ask = |after: Option<String>, quiet: bool| {

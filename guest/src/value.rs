@@ -584,12 +584,12 @@ mod tests {
 
     fn render(bytes: &[u8]) -> String {
         #[derive(Serialize)]
-        struct Line<'a> {
+        struct ShownLine<'a> {
             k: u8,
             #[serde(flatten)]
             shown: Shown<'a>,
         }
-        to_json(&Line { k: 0, shown: Shown::of(bytes) })
+        to_json(&ShownLine { k: 0, shown: Shown::of(bytes) })
     }
 
     #[test]
@@ -668,7 +668,7 @@ mod tests {
             names: &'a [&'a str],
         }
         #[derive(Serialize)]
-        struct Line<'a> {
+        struct ObjectLine<'a> {
             key: &'a str,
             #[serde(skip_serializing_if = "Option::is_none")]
             absent: Option<&'a str>,
@@ -703,7 +703,7 @@ mod tests {
                 o.shown(&shown);
             });
             let each = each.iter().map(|&(on, names)| Inner { on, names }).collect();
-            let line = Line { key, absent: None, present: Some(key), revision, lines: two, inner: Inner { on: true, names: &[] }, each, shown };
+            let line = ObjectLine { key, absent: None, present: Some(key), revision, lines: two, inner: Inner { on: true, names: &[] }, each, shown };
             assert_eq!(written, to_json(&line));
         }
         assert_eq!(object(0, |_| {}), "{}");

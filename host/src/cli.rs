@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::bootstrap::Bootstrap;
-use crate::commands::check::{Check, Keygen, RegistryCmd, Sign};
+use crate::commands::inspect::{Check, Keygen, RegistryCmd, Sign};
 use crate::commands::query::Query;
 use crate::commands::verify::Verify;
 use crate::serve::flags::Serve;

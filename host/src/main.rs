@@ -5,9 +5,9 @@ use mesh_provisioner::base::logging::LogFormat;
 use mesh_provisioner::cli::{Cli, Command};
 use mesh_provisioner::commands::Exit;
 
-// One thread: a request is ~30 µs of work, and cross-thread wake-ups cost more than that on a
-// small machine (measured: verb p50 1.8× → 1.4× a bare echo, throughput 0.28× → 0.39×). A long
-// guest call yields every epoch tick, so it cannot starve the seat's renewals.
+// One thread: a request is tens of microseconds of work, and cross-thread wake-ups cost more
+// than that on a small machine (docs/performance.md has the figures). A long guest call yields
+// every epoch tick, so it cannot starve the seat's renewals.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -20,11 +20,11 @@ async fn main() -> std::process::ExitCode {
         Command::Query(args) => mesh_provisioner::commands::query::run(args).await,
         // `verify` exits 4 when the server's answers differ from the bus.
         Command::Verify(args) => mesh_provisioner::commands::verify::run(args).await,
-        Command::Registry(args) => done(mesh_provisioner::commands::check::registry(&args.component).await),
-        Command::Check(args) => done(mesh_provisioner::commands::check::check(&args.component).await),
+        Command::Registry(args) => done(mesh_provisioner::commands::inspect::registry(&args.component).await),
+        Command::Check(args) => done(mesh_provisioner::commands::inspect::check(&args.component).await),
         Command::Keygen(args) => done(mesh_provisioner::runtime::trust::keygen(&args.secret).map(|public| println!("{public}"))),
         Command::Bootstrap(args) => done(mesh_provisioner::commands::bootstrap::run(args).await),
-        Command::Sign(args) => done(mesh_provisioner::commands::check::sign(&args.key, &args.component).await),
+        Command::Sign(args) => done(mesh_provisioner::commands::inspect::sign(&args.key, &args.component).await),
     };
     match result {
         Ok(outcome) => std::process::ExitCode::from(outcome.exit_code()),

@@ -306,7 +306,9 @@ impl Cluster {
         let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
-            let mut block = format!("cluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
+            // Each server tagged `s<i>`, so a test can place a stream on one server.
+            let mut block =
+                format!("server_tags: [\"s{i}\"]\ncluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
             if leaf_nodes {
                 let lport = mesh_provisioner::nats::embedded::free_port().unwrap();
                 block.push_str(&format!("\nleafnodes {{\n  listen: \"127.0.0.1:{lport}\"\n  no_advertise: true\n}}"));
@@ -343,6 +345,64 @@ impl Cluster {
     /// The index of the server named `name` (`mesh-<port>` in the example config).
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.ports.iter().position(|p| name == format!("mesh-{p}"))
+    }
+
+    /// Moves every stream of the buckets' account onto server `i` alone (one replica, placed by
+    /// its tag), and waits until each is led there: what a test needs so that the other
+    /// servers can die with the JetStream meta group's quorum while every bucket stays served.
+    pub async fn pin_streams_to(&self, i: usize) {
+        use futures::TryStreamExt;
+        let js = self.bus(i).js(OPERATOR).await;
+        let leader = format!("mesh-{}", self.ports[i]);
+        let start = Instant::now();
+        loop {
+            let mut pending = Vec::new();
+            let names: Vec<String> = match js.stream_names().try_collect().await {
+                Ok(n) => n,
+                Err(e) => {
+                    pending.push(format!("listing: {e}"));
+                    Vec::new()
+                }
+            };
+            for name in names {
+                let info = match js.get_stream(&name).await {
+                    Ok(mut s) => s.info().await.cloned(),
+                    Err(e) => {
+                        pending.push(format!("{name}: {e}"));
+                        continue;
+                    }
+                };
+                let Ok(info) = info else {
+                    pending.push(format!("{name}: no info"));
+                    continue;
+                };
+                let placed = info.config.placement.as_ref().is_some_and(|p| p.tags == [format!("s{i}")]);
+                let here = info.cluster.as_ref().is_some_and(|c| c.leader.as_deref() == Some(leader.as_str()) && c.replicas.is_empty());
+                // Scaled down first, then moved: the server takes one at a time.
+                let update = match (info.config.num_replicas != 1, placed) {
+                    (true, _) => Some(jetstream::stream::Config { num_replicas: 1, ..info.config.clone() }),
+                    (false, false) => Some(jetstream::stream::Config {
+                        placement: Some(jetstream::stream::Placement { cluster: None, tags: vec![format!("s{i}")] }),
+                        ..info.config.clone()
+                    }),
+                    (false, true) => None,
+                };
+                if let Some(config) = update {
+                    if let Err(e) = js.update_stream(config).await {
+                        pending.push(format!("{name}: {e}"));
+                        continue;
+                    }
+                }
+                if !here {
+                    pending.push(format!("{name}: led by {:?}", info.cluster.as_ref().and_then(|c| c.leader.clone())));
+                }
+            }
+            if pending.is_empty() {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "streams not on server {i}: {pending:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// Stops server `i` for good (its store is dropped).

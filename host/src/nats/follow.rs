@@ -87,6 +87,16 @@ enum FollowEnd {
     Refused(String),
 }
 
+/// A bucket's stream opened for a follow: the copy being built, where the stream is, the
+/// snapshot's revision it resumes after (if any), its watch and its state at the opening.
+struct Opened {
+    staged: Arc<Mirror>,
+    stream: crate::store::snapshot::StreamPosition,
+    resumed: Option<u64>,
+    watch: super::watch::Watch,
+    state: async_nats::jetstream::stream::State,
+}
+
 /// Keeps one mirror equal to its bucket.
 struct BucketFollower {
     /// The bytes all mirrors may hold (0: no budget).
@@ -194,62 +204,12 @@ impl BucketFollower {
     /// mirror in one step (readers see the old contents until then, never a half-built
     /// mirror); then follows the bucket live until the watch ends.
     async fn once(&self) -> FollowEnd {
-        let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
-        let unavailable = |what: &str, e: &dyn std::fmt::Display| Error::new(ErrorKind::Unavailable, format!("{what} {bucket}: {e}"));
-        let info = match stream_info(&self.js, bucket).await {
-            Ok(Some(info)) => match crate::nats::bucket::shape(bucket, &info.config) {
-                Shape::Refused(why) => return FollowEnd::Refused(why),
-                Shape::Bucket { unsafe_settings } => {
-                    crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings);
-                    info
-                }
-            },
-            Ok(None) => return FollowEnd::Missing,
-            Err(e) => return FollowEnd::Lost(Err(e)),
-        };
-        let staged = Arc::new(mirror.like());
-        let stream = crate::store::snapshot::StreamPosition { created_ns: info.created.unix_timestamp_nanos(), last_sequence: info.state.last_sequence };
-        let resumed = match (&self.snapshots, self.resumable.swap(false, std::sync::atomic::Ordering::AcqRel)) {
-            (Some(snapshots), true) => self.resume(snapshots, &staged, stream).await,
-            _ => None,
-        };
-        staged.set_origin(stream.created_ns);
-        if resumed.is_some() {
-            if let Some(refused) = self.over_budget(&staged, 0) {
-                return refused;
-            }
-        }
-        let opened = bounded(|| format!("watching {bucket}"), async {
-            let kv = self.js.get_key_value(bucket).await.map_err(|e| unavailable("opening", &e))?;
-            // The watch first, then the state: a bucket emptied between the two reads as
-            // empty (ready at once), where the other order would wait for a replay of
-            // nothing. The state is read fresh: a store's status is as of its opening.
-            // After a snapshot: every message since it, deletes included, in order.
-            let watch = super::watch::Watch::open(&self.js, &kv, resumed, info.config.max_messages_per_subject).await?;
-            let state = crate::nats::bucket::stream_state(&self.js, bucket)
-                .await?
-                .ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
-            Ok::<_, Error>((state, watch))
-        });
-        let (state, mut watch) = match opened.await {
+        let opened = match self.open().await {
             Ok(o) => o,
-            Err(e) => return FollowEnd::Lost(Err(e)),
+            Err(end) => return end,
         };
-        if resumed.is_some() {
-            // What the stream no longer holds (expired, purged since the snapshot) is gone. A
-            // walk of millions of keys, when it must walk: off the runtime thread.
-            let (copy, first) = (staged.clone(), state.first_sequence);
-            let forgotten = match tokio::task::spawn_blocking(move || copy.forget_below(first)).await {
-                Ok(n) => n,
-                Err(e) => return FollowEnd::Lost(Err(Error::new(ErrorKind::Unavailable, format!("forgetting what {bucket} no longer holds: {e}")))),
-            };
-            if forgotten > 0 {
-                tracing::info!(bucket, forgotten, first = state.first_sequence, "keys of the snapshot the stream no longer holds forgotten");
-            }
-        }
-        // The stream's last revision, even when its newest messages are gone (expired,
-        // purged): the mirror is then as far as the stream, not behind it.
-        staged.note_revision(state.last_sequence);
+        let Opened { staged, stream, resumed, mut watch, state } = opened;
+        let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
         let mut live = false;
         let started = Instant::now();
         // A full replay is logged as it comes and packed once at its end (see `Log`); one
@@ -269,7 +229,7 @@ impl BucketFollower {
         }
         // A replay that stalls (the messages it was to deliver expired meanwhile) is started
         // again rather than waited for: one timer, looked at when it rings (one made for each
-        // message read the clock each time, 12% of the host's time in a replay of 1M keys).
+        // message read the clock each time, a cost seen in a replay's profile).
         let stall = tokio::time::sleep(REPLAY_STALL);
         tokio::pin!(stall);
         let mut moved = false;
@@ -295,51 +255,16 @@ impl BucketFollower {
             let Some(entry) = next else { break };
             let entry = match entry {
                 Ok(e) => e,
-                Err(e) => return FollowEnd::Lost(Err(unavailable("watching", &e))),
+                Err(e) => return FollowEnd::Lost(Err(Error::new(ErrorKind::Unavailable, format!("watching {bucket}: {e}")))),
             };
-            let target = if live { mirror.as_ref() } else { &staged };
-            target.set_lag(entry.delta);
-            let (key, deleted) = (entry.key(), entry.deleted);
-            match log.as_mut().filter(|_| !live) {
-                Some(log) => {
-                    let logged = if deleted { log.delete(key, entry.revision) } else { log.put(key, entry.revision, &entry.value) };
-                    if !logged {
-                        return FollowEnd::Lost(Err(Error::new(
-                            ErrorKind::Invalid,
-                            format!("{bucket}: a message of {} bytes at {key:?}, past what a mirror holds", entry.value.len()),
-                        )));
-                    }
-                    if let Some(refused) = self.over_budget(&staged, log.bytes()) {
-                        return refused;
-                    }
-                }
-                None if deleted => target.delete(key, entry.revision),
-                None => {
-                    target.put(key, entry.revision, &entry.value);
-                    if let Some(refused) = self.over_budget(&staged, 0) {
-                        return refused;
-                    }
-                }
+            if let Some(end) = self.take(&entry, live, &staged, log.as_mut()) {
+                return end;
             }
-            if live {
-                // Live, not replayed: plans may move, and holders are told.
-                self.record(Some(key));
-                self.events.record(bucket, key, entry.revision, deleted);
-            } else if entry.delta == 0 {
+            if !live && entry.delta == 0 {
+                // The replay's last message: packed, checked, adopted; from now on, live.
                 let replayed = started.elapsed();
-                if let Some(log) = log.take() {
-                    let (into, origin) = (staged.clone(), stream.created_ns);
-                    let packed = tokio::task::spawn_blocking(move || {
-                        let built = log.build();
-                        let restored = into.restore_counted(built.entries, Some(built.runs), built.markers, built.revision, origin);
-                        // The log, a copy of every key and value, is freed by now.
-                        crate::store::mirror::give_back_freed_memory();
-                        restored
-                    })
-                    .await;
-                    if let Err(e) = packed.map_err(|e| Error::new(ErrorKind::Unavailable, format!("packing {bucket}'s replay: {e}"))).and_then(|r| r) {
-                        return FollowEnd::Lost(Err(e));
-                    }
+                if let Err(e) = self.pack(log.take(), &staged, stream.created_ns).await {
+                    return FollowEnd::Lost(Err(e));
                 }
                 if let Err(e) = self.check_resumed(resumed, &staged).await {
                     return FollowEnd::Lost(Err(e));
@@ -352,6 +277,114 @@ impl BucketFollower {
             }
         }
         FollowEnd::Lost(Ok(()))
+    }
+
+    /// The bucket's stream looked at (refused when it is no bucket), a copy to build aside
+    /// (resumed from the snapshot when one may be), its watch opened and its state read.
+    async fn open(&self) -> Result<Opened, FollowEnd> {
+        let (bucket, mirror) = (self.bucket.as_str(), &self.mirror);
+        let info = match stream_info(&self.js, bucket).await {
+            Ok(Some(info)) => match crate::nats::bucket::shape(bucket, &info.config) {
+                Shape::Refused(why) => return Err(FollowEnd::Refused(why)),
+                Shape::Bucket { unsafe_settings } => {
+                    crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings);
+                    info
+                }
+            },
+            Ok(None) => return Err(FollowEnd::Missing),
+            Err(e) => return Err(FollowEnd::Lost(Err(e))),
+        };
+        let staged = Arc::new(mirror.like());
+        let stream = crate::store::snapshot::StreamPosition { created_ns: info.created.unix_timestamp_nanos(), last_sequence: info.state.last_sequence };
+        let resumed = match (&self.snapshots, self.resumable.swap(false, std::sync::atomic::Ordering::AcqRel)) {
+            (Some(snapshots), true) => self.resume(snapshots, &staged, stream).await,
+            _ => None,
+        };
+        staged.set_origin(stream.created_ns);
+        if resumed.is_some() {
+            if let Some(refused) = self.over_budget(&staged, 0) {
+                return Err(refused);
+            }
+        }
+        let opened = bounded(|| format!("watching {bucket}"), async {
+            let kv = self.js.get_key_value(bucket).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("opening {bucket}: {e}")))?;
+            // The watch first, then the state: a bucket emptied between the two reads as
+            // empty (ready at once), where the other order would wait for a replay of
+            // nothing. The state is read fresh: a store's status is as of its opening.
+            // After a snapshot: every message since it, deletes included, in order.
+            let watch = super::watch::Watch::open(&self.js, &kv, resumed, info.config.max_messages_per_subject).await?;
+            let state = crate::nats::bucket::stream_state(&self.js, bucket)
+                .await?
+                .ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("bucket {bucket} was deleted while its watch started")))?;
+            Ok::<_, Error>((state, watch))
+        });
+        let (state, watch) = opened.await.map_err(|e| FollowEnd::Lost(Err(e)))?;
+        if resumed.is_some() {
+            // What the stream no longer holds (expired, purged since the snapshot) is gone. A
+            // walk of millions of keys, when it must walk: off the runtime thread.
+            let (copy, first) = (staged.clone(), state.first_sequence);
+            let forgotten = tokio::task::spawn_blocking(move || copy.forget_below(first))
+                .await
+                .map_err(|e| FollowEnd::Lost(Err(Error::new(ErrorKind::Unavailable, format!("forgetting what {bucket} no longer holds: {e}")))))?;
+            if forgotten > 0 {
+                tracing::info!(bucket, forgotten, first = state.first_sequence, "keys of the snapshot the stream no longer holds forgotten");
+            }
+        }
+        // The stream's last revision, even when its newest messages are gone (expired,
+        // purged): the mirror is then as far as the stream, not behind it.
+        staged.note_revision(state.last_sequence);
+        Ok(Opened { staged, stream, resumed, watch, state })
+    }
+
+    /// One message of the watch: logged (a full replay), put in the copy (a resumed one) or in
+    /// the mirror itself (live: then plans may move and holders are told). An end when the
+    /// message cannot be held.
+    fn take(&self, entry: &super::watch::Watched, live: bool, staged: &Mirror, log: Option<&mut crate::store::mirror::Log>) -> Option<FollowEnd> {
+        let bucket = self.bucket.as_str();
+        let target = if live { self.mirror.as_ref() } else { staged };
+        target.set_lag(entry.delta);
+        let (key, deleted) = (entry.key(), entry.deleted);
+        match log.filter(|_| !live) {
+            Some(log) => {
+                let logged = if deleted { log.delete(key, entry.revision) } else { log.put(key, entry.revision, &entry.value) };
+                if !logged {
+                    let why = format!("{bucket}: a message of {} bytes at {key:?}, past what a mirror holds", entry.value.len());
+                    return Some(FollowEnd::Lost(Err(Error::new(ErrorKind::Invalid, why))));
+                }
+                if let Some(refused) = self.over_budget(staged, log.bytes()) {
+                    return Some(refused);
+                }
+            }
+            None if deleted => target.delete(key, entry.revision),
+            None => {
+                target.put(key, entry.revision, &entry.value);
+                if let Some(refused) = self.over_budget(staged, 0) {
+                    return Some(refused);
+                }
+            }
+        }
+        if live {
+            // Live, not replayed: plans may move, and holders are told.
+            self.record(Some(key));
+            self.events.record(bucket, key, entry.revision, deleted);
+        }
+        None
+    }
+
+    /// A full replay's log packed into the copy, off the runtime thread (a resumed replay has
+    /// none: its copy is already filled).
+    async fn pack(&self, log: Option<crate::store::mirror::Log>, staged: &Arc<Mirror>, origin: i128) -> Result<()> {
+        let Some(log) = log else { return Ok(()) };
+        let into = staged.clone();
+        let packed = tokio::task::spawn_blocking(move || {
+            let built = log.build();
+            let restored = into.restore_counted(built.entries, Some(built.runs), built.markers, built.revision, origin);
+            // The log, a copy of every key and value, is freed by now.
+            crate::store::mirror::give_back_freed_memory();
+            restored
+        })
+        .await;
+        packed.map_err(|e| Error::new(ErrorKind::Unavailable, format!("packing {}'s replay: {e}", self.bucket))).and_then(|r| r)
     }
 
     /// When the mirrors hold more than their budget: the copy being built is dropped rather

@@ -29,7 +29,7 @@ const KV_OPERATION: &str = "KV-Operation";
 const MARKER_REASON: &str = "Nats-Marker-Reason";
 
 /// One message of a bucket, as a mirror takes it.
-pub(super) struct Change {
+pub(super) struct Watched {
     subject: async_nats::Subject,
     /// Where the key begins in `subject`.
     key_at: usize,
@@ -40,7 +40,7 @@ pub(super) struct Change {
     pub deleted: bool,
 }
 
-impl Change {
+impl Watched {
     pub fn key(&self) -> &str {
         &self.subject[self.key_at..]
     }
@@ -78,9 +78,9 @@ impl Watch {
     }
 
     /// The next change; `None` when the watch ended.
-    pub async fn next(&mut self) -> Option<Result<Change>> {
+    pub async fn next(&mut self) -> Option<Result<Watched>> {
         match self {
-            Watch::Kv(watch) => Some(watch.next().await?.map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string())).map(|entry| Change {
+            Watch::Kv(watch) => Some(watch.next().await?.map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string())).map(|entry| Watched {
                 deleted: !matches!(entry.operation, kv::Operation::Put),
                 subject: entry.key.into(),
                 key_at: 0,
@@ -105,7 +105,7 @@ impl Watch {
 
 /// A stream's message, at `revision` with `delta` to come, as a change of the bucket whose
 /// subjects begin with `prefix`.
-fn change(message: async_nats::Message, revision: u64, delta: u64, prefix: &str) -> Result<Change> {
+fn change(message: async_nats::Message, revision: u64, delta: u64, prefix: &str) -> Result<Watched> {
     if !message.subject.starts_with(prefix) || message.subject.len() == prefix.len() {
         return Err(Error::new(ErrorKind::Invalid, format!("a message on {}, outside the bucket's {prefix}>", message.subject)));
     }
@@ -115,7 +115,7 @@ fn change(message: async_nats::Message, revision: u64, delta: u64, prefix: &str)
         Some(operation) => matches!(operation.as_str(), "DEL" | "PURGE"),
         None => h.get(MARKER_REASON).is_some_and(|reason| matches!(reason.as_str(), "MaxAge" | "Purge" | "Remove")),
     });
-    Ok(Change { subject: message.subject, key_at: prefix.len(), value: message.payload, revision, delta, deleted })
+    Ok(Watched { subject: message.subject, key_at: prefix.len(), value: message.payload, revision, delta, deleted })
 }
 
 #[cfg(test)]

@@ -361,3 +361,30 @@ async fn a_flood_on_the_event_subjects_reaches_no_page_and_cuts_no_connection() 
     assert!(lost.is_empty(), "a connection was lost: {lost:?}");
     drop(idle);
 }
+
+/// Issue 47's case: a module needs `bound:postgres.db`; the controller assigns the provider
+/// before its bucket exists. The status says `pending` (the provider is assigned, not applied)
+/// at once, and so does the event: told by the assignment itself (the sweep is an hour away),
+/// with the `since` the status then shows.
+#[tokio::test]
+async fn a_provider_assigned_before_its_bucket_exists_is_told_by_the_assignment() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--state-sweep-every", "1h"]).await;
+    let asker = bus.client("node-alpha").await;
+    let controller = bus.client("mesh-controller").await;
+    let mut events = controller.subscribe("mesh-provisioner.event.alpha").await.unwrap();
+    controller.flush().await.unwrap();
+    bus.put("node-alpha", NEEDS, "alpha.store.bound.postgres=2Edb", b"{}").await;
+    let told = heard(&mut events, Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert_eq!(moves(&told, "alpha", "store"), [(Value::Null, "blocked".to_string())], "{told:?}");
+    until(&asker, "alpha", "store", "blocked, no provider", |s| s["state"] == "blocked").await;
+
+    bus.put("mesh-controller", ASSIGNMENTS, "beta.postgres", br#"{"want":"p1"}"#).await;
+    let told = heard(&mut events, Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert_eq!(moves(&told, "alpha", "store"), [(json!("blocked"), "pending".to_string())], "{told:?}\n{}", host.log_text());
+    let s = status(&asker, "alpha", "store").await;
+    assert_eq!((&s["state"], &s["since"]), (&json!("pending"), &told[0]["since"]), "the status and the event agree");
+    assert!(s["reason"].as_str().unwrap_or_default().contains("beta"), "{s}");
+    host.stop().await;
+}

@@ -180,27 +180,27 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
 }
 
 /// A check the bus cannot answer now is `unknown`, never taken for `missing`: a three-server
-/// cluster loses two servers, so its JetStream has no quorum and no listing of the buckets can
-/// be made; the host (on the server that stays, with a lease longer than the test) still
-/// answers from its mirrors, and the provider's bucket it must look for is said unknown.
+/// cluster loses two servers, so its JetStream meta group has no quorum and no listing of the
+/// buckets can be made; every bucket was moved onto the server that stays, so the host (on it,
+/// with a lease longer than the test) still answers from its mirrors, and the bucket it must
+/// look for is said unknown.
 #[tokio::test]
 async fn a_bucket_the_bus_cannot_list_now_is_an_unknown_check() {
     let mut cluster = tests::nats::Cluster::start(3).await;
-    let plan_buckets = tests::nats::PLAN_BUCKETS.iter().map(|(_, b)| *b);
-    for bucket in plan_buckets.chain(["mesh-controller_assignments", "mesh-config_values"]) {
+    for bucket in tests::nats::PLAN_BUCKETS.iter().map(|(_, b)| *b) {
         cluster.make_bucket(bucket).await;
     }
-    let mut host =
-        Host::spawn(cluster.bus(0).url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", "300s"]);
+    let mut host = Host::spawn(cluster.bus(0).url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "300s"]);
     let bus = cluster.bus(0);
-    bus.put("mesh-controller", "mesh-controller_assignments", "gamma.postgres", br#"{"want":"p1"}"#).await;
-    bus.put("node-gamma", APPLIED, "gamma.postgres", br#"{"build":"p1","needs":0}"#).await;
-    bus.put("node-alpha", NEEDS, "alpha.app.bound.postgres=2Edb", b"{}").await;
+    // A config value, whose bucket nobody has made.
+    bus.put("node-alpha", NEEDS, "alpha.app.config.db_url", b"{}").await;
     let c = bus.client("node-alpha").await;
     host.wait_answering(&c).await;
-    let s = until(&c, "alpha", "app", "the provider's bucket missing", |s| check(s, "bound", "postgres.db") == "missing").await;
-    let reason = |s: &Value| s["needs"].as_array().and_then(|n| n.iter().find(|n| n["kind"] == "bound")).map(|n| n["reason"].to_string()).unwrap_or_default();
-    assert!(reason(&s).contains("bucket postgres_bound does not exist yet"), "{s}");
+    // The host's own buckets too (the registry, the states, the seat), now that it made them.
+    cluster.pin_streams_to(0).await;
+    let reason = |s: &Value| s["needs"].as_array().and_then(|n| n.iter().find(|n| n["kind"] == "config")).map(|n| n["reason"].to_string()).unwrap_or_default();
+    let s = until(&c, "alpha", "app", "the config bucket missing", |s| check(s, "config", "db_url") == "no_provider").await;
+    assert!(reason(&s).contains(CONFIG), "{s}");
     cluster.kill(1).await;
     cluster.kill(2).await;
     // Asked until the listing the host made before the loss is too old to answer (an answer the
@@ -212,14 +212,14 @@ async fn a_bucket_the_bus_cannot_list_now_is_an_unknown_check() {
         let answer = tests::nats::ask_raw(&c, body.as_bytes()).await;
         if let Ok((None, v)) = &answer {
             let s = v["entries"][0].clone();
-            if check(&s, "bound", "postgres.db") == "unknown" {
+            if check(&s, "config", "db_url") == "unknown" {
                 break s;
             }
         }
         assert!(start.elapsed() < Duration::from_secs(60), "the check never became unknown: {answer:?}\n{}", host.log_text());
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert!(reason(&s).contains("postgres_bound could not be read now"), "{s}");
+    assert!(reason(&s).contains(&format!("{CONFIG} could not be read now")), "{s}");
     assert!(!host.log_text().contains("lost the seat"), "{}", host.log_text());
     host.stop().await;
 }

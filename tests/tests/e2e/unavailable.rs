@@ -67,11 +67,18 @@ async fn a_bus_whose_jetstream_lost_its_quorum_is_answered_503() {
         cluster.make_bucket(bucket).await;
     }
     bus0.put("mesh-controller", "mesh-controller_assignments", "gamma.app", br#"{"want":"b9"}"#).await;
-    // The host and the asker both talk to server 0, which stays up; the buckets are replicated
-    // on all three, so killing two leaves JetStream without a quorum while core NATS works.
-    let mut host = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", "20s"]);
+    // The host and the asker both talk to server 0, which stays up; killing the other two
+    // leaves JetStream's meta group without a quorum while core NATS works.
+    let mut host = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "300s"]);
     let client = bus0.client("node-alpha").await;
     host.wait_answering(&client).await;
+    // Every bucket made so far moves onto server 0 alone: its mirrors outlive the quorum.
+    cluster.pin_streams_to(0).await;
+    let start = Instant::now();
+    while !matches!(ask_verb(&client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await, Ok((None, _))) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no plan answered after the move\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The operator makes gamma's bucket, and at once two servers die: the host has not mirrored
     // it yet (it lists buckets every 5 s), and following it needs the JetStream API, unavailable
     // now: the plan of gamma/app, read at its want, is a 503.

@@ -234,3 +234,231 @@ fn the_sweep_finds_each_module_in_the_state_its_status_says() {
     let app = r.transitions.iter().find(|t| t.key == "alpha.app").expect("alpha.app");
     assert_eq!(app.state, "applied", "a need of a part not installed counts for nothing");
 }
+
+/// The model-based check of issue 47: random changes of a small mesh — needs, applied
+/// records, a provider's assignment and applied record, its bucket made and deleted, its
+/// values, config values, a verb's service answering or not, a build wanted and its
+/// composition published, refused or deleted — each handed to `transitions` as
+/// the host hands it (a keyed change for a key written, a whole-bucket change for a bucket made
+/// or deleted, the periodic live sweep for what is no bucket: discovery), with every rest asked
+/// again and every record written. After each step the events told equal the moves of the
+/// status answer: each module whose state changed is told once, from the state it had to the
+/// one it has, with `since` the step's time; no other module is told anything.
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const CONFIG: &str = "mesh-config_values";
+    const BOUND: &str = "postgres_bound";
+    const NODES: [&str; 2] = ["alpha", "beta"];
+    const MODULES: [&str; 2] = ["app", "web"];
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Need {
+            node: usize,
+            module: usize,
+            which: usize,
+            put: bool,
+        },
+        Applied {
+            node: usize,
+            module: usize,
+            put: bool,
+        },
+        Assigned(bool),
+        ProviderApplied(bool),
+        Bucket(bool),
+        Value {
+            node: usize,
+            module: usize,
+            put: bool,
+        },
+        Config {
+            node: usize,
+            module: usize,
+            put: bool,
+        },
+        VaultAnswers(bool),
+        /// The controller wants build b1 of the module, or no build.
+        Wants {
+            node: usize,
+            module: usize,
+            put: bool,
+        },
+        /// The node engine's composition of b1: 0 published needing the provider's value,
+        /// 1 published needing a config value, 2 refused, 3 deleted.
+        Composed {
+            node: usize,
+            module: usize,
+            which: usize,
+        },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let pair = (0..NODES.len(), 0..MODULES.len());
+        prop_oneof![
+            (pair.clone(), 0..3usize, any::<bool>()).prop_map(|((node, module), which, put)| Step::Need { node, module, which, put }),
+            (pair.clone(), any::<bool>()).prop_map(|((node, module), put)| Step::Applied { node, module, put }),
+            any::<bool>().prop_map(Step::Assigned),
+            any::<bool>().prop_map(Step::ProviderApplied),
+            any::<bool>().prop_map(Step::Bucket),
+            (pair.clone(), any::<bool>()).prop_map(|((node, module), put)| Step::Value { node, module, put }),
+            (pair.clone(), any::<bool>()).prop_map(|((node, module), put)| Step::Config { node, module, put }),
+            any::<bool>().prop_map(Step::VaultAnswers),
+            (pair.clone(), any::<bool>()).prop_map(|((node, module), put)| Step::Wants { node, module, put }),
+            (pair.clone(), 0..4usize).prop_map(|((node, module), which)| Step::Composed { node, module, which }),
+        ]
+    }
+
+    /// Applies `step` to the mesh; the changes the host would hand over for it.
+    fn apply(b: &Arc<MemoryBackend>, step: &Step) -> Vec<(String, Option<String>)> {
+        let keyed = |bucket: &str, key: String| vec![(bucket.to_string(), Some(key))];
+        let put_or_delete = |bucket: &str, key: &str, value: &[u8], put: bool| {
+            if put {
+                b.put(bucket, key, value);
+            } else if b.bucket(bucket).get(key).ok().flatten().is_some() {
+                b.delete(bucket, key);
+            }
+        };
+        match *step {
+            Step::Need { node, module, which, put } => {
+                let name = ["bound.postgres=2Edb", "secret.db_password", "config.x"][which];
+                let key = format!("{}.{}.{name}", NODES[node], MODULES[module]);
+                put_or_delete(NEEDS, &key, b"{}", put);
+                keyed(NEEDS, key)
+            }
+            Step::Applied { node, module, put } => {
+                let key = format!("{}.{}", NODES[node], MODULES[module]);
+                put_or_delete(APPLIED, &key, br#"{"build":"b1","needs":1}"#, put);
+                keyed(APPLIED, key)
+            }
+            Step::Assigned(put) => {
+                put_or_delete(ASSIGNMENTS, "gamma.postgres", br#"{"want":"p1"}"#, put);
+                keyed(ASSIGNMENTS, "gamma.postgres".into())
+            }
+            Step::ProviderApplied(put) => {
+                put_or_delete(APPLIED, "gamma.postgres", br#"{"build":"p1","needs":0}"#, put);
+                keyed(APPLIED, "gamma.postgres".into())
+            }
+            Step::Bucket(made) => {
+                if made {
+                    b.bucket(BOUND);
+                } else {
+                    b.remove_bucket(BOUND);
+                }
+                // A bucket made or gone reaches the host as its mirror's whole-bucket change.
+                vec![(BOUND.to_string(), None)]
+            }
+            Step::Value { node, module, put } => {
+                let key = format!("{}.{}.db", NODES[node], MODULES[module]);
+                if !b.buckets().iter().any(|x| x == BOUND) {
+                    // The provider cannot write a bucket that does not exist.
+                    return Vec::new();
+                }
+                put_or_delete(BOUND, &key, br#"{"user":"app"}"#, put);
+                keyed(BOUND, key)
+            }
+            Step::Config { node, module, put } => {
+                let key = format!("{}.{}.x", NODES[node], MODULES[module]);
+                put_or_delete(CONFIG, &key, b"v", put);
+                keyed(CONFIG, key)
+            }
+            Step::VaultAnswers(up) => {
+                b.set_responders("mesh-vault", u32::from(up));
+                // Discovery is no bucket: the host's periodic sweep finds what it moved.
+                vec![(STATES.to_string(), None)]
+            }
+            Step::Wants { node, module, put } => {
+                let key = format!("{}.{}", NODES[node], MODULES[module]);
+                put_or_delete(ASSIGNMENTS, &key, br#"{"want":"b1"}"#, put);
+                keyed(ASSIGNMENTS, key)
+            }
+            Step::Composed { node, module, which } => {
+                let bucket = format!("composed-{}", NODES[node]);
+                let key = format!("{}.b1", MODULES[module]);
+                let value: &[u8] = match which {
+                    0 => br#"{"state":"published","plan":{"needs":[{"kind":"bound","name":"postgres.db"}]}}"#,
+                    1 => br#"{"state":"published","plan":{"needs":[{"kind":"config","name":"x"}]}}"#,
+                    _ => br#"{"state":"refused","reason":"a cycle"}"#,
+                };
+                put_or_delete(&bucket, &key, value, which < 3);
+                keyed(&bucket, key)
+            }
+        }
+    }
+
+    /// Every module's state and since as the status answers now (`None`: no source knows it).
+    fn states(b: &Arc<MemoryBackend>) -> BTreeMap<String, Option<(String, Option<String>)>> {
+        let mut out = BTreeMap::new();
+        for node in NODES.iter().chain(["gamma"].iter()) {
+            for module in MODULES.iter().chain(["postgres"].iter()) {
+                let env = Native(b.clone());
+                let known = guest::modules::known(&env, node, module).expect("known");
+                let s = guest::status::module(&env, node, module).expect("status");
+                out.insert(format!("{node}.{module}"), known.then(|| (s.state.name().to_string(), s.since.clone())));
+            }
+        }
+        out
+    }
+
+    /// Hands `changes` over as the host does, every rest asked again, every record written; the
+    /// events told, by module.
+    fn told(b: &Arc<MemoryBackend>, changes: Vec<(String, Option<String>)>, now: &str) -> BTreeMap<String, Vec<Value>> {
+        let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let mut work = changes;
+        let mut calls = 0;
+        while !work.is_empty() {
+            calls += 1;
+            assert!(calls < 100, "the changes never ran out: {work:?}");
+            let r = transitions::transitions(&Native(b.clone()), &work, now).expect("transitions");
+            write(b, &r);
+            for t in &r.transitions {
+                if let Some(e) = &t.event {
+                    out.entry(t.key.clone()).or_default().push(serde_json::from_slice(e).expect("an event is JSON"));
+                }
+            }
+            work = r.rest;
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        #[test]
+        fn the_events_told_are_the_moves_of_the_status(steps in proptest::collection::vec(step(), 1..14)) {
+            let b = MemoryBackend::new();
+            for bucket in [NEEDS, APPLIED, ASSIGNMENTS, CONFIG, STATES, "composed-alpha", "composed-beta"] {
+                b.bucket(bucket);
+            }
+            // A start: every module recorded silently.
+            told(&b, vec![(NEEDS.to_string(), None)], "2026-12-01T10:00:00Z");
+            let mut before = states(&b);
+            for (i, step) in steps.iter().enumerate() {
+                let now = format!("2026-12-01T10:{:02}:00Z", i + 1);
+                let changes = apply(&b, step);
+                let heard = told(&b, changes, &now);
+                let after = states(&b);
+                for (module, now_state) in &after {
+                    let was = before.get(module).cloned().flatten();
+                    let events = heard.get(module).cloned().unwrap_or_default();
+                    match (&was, now_state) {
+                        (Some((w, _)), Some((s, since))) if w != s => {
+                            prop_assert_eq!(events.len(), 1, "step {} {:?}: {} moved {} -> {} and was told {:?}", i, step, module, w, s, events);
+                            prop_assert_eq!((events[0]["was"].as_str(), events[0]["state"].as_str()), (Some(w.as_str()), Some(s.as_str())), "step {} {:?}: {}", i, step, module);
+                            prop_assert_eq!(events[0]["since"].as_str(), Some(now.as_str()));
+                            prop_assert_eq!(since.as_deref(), Some(now.as_str()), "step {} {:?}: {}'s since", i, step, module);
+                        }
+                        (Some((w, _)), None) => {
+                            prop_assert_eq!(events.len(), 1, "step {} {:?}: {} gone from {} and was told {:?}", i, step, module, w, events);
+                            prop_assert_eq!(events[0]["state"].as_str(), Some("gone"));
+                        }
+                        _ => prop_assert!(events.is_empty() || (was.is_none() && events.len() == 1), "step {} {:?}: {} did not move ({:?}) and was told {:?}", i, step, module, was, events),
+                    }
+                }
+                before = after;
+            }
+        }
+    }
+}

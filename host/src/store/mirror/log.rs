@@ -2,8 +2,8 @@
 //! base in one step when the replay ends ([`Log::build`]).
 //!
 //! A replay delivers every key once, in the order it was last written, not in key order;
-//! putting each into an ordered map cost more than reading the message (a start at 1M keys was
-//! 1.4× a plain watch of the same bucket). Here a message is two appends (its key and value to
+//! putting each into an ordered map cost more than reading the message (docs/performance.md).
+//! Here a message is two appends (its key and value to
 //! one arena, 24 bytes of where to a list); the build sorts the list once, keeps each key's
 //! newest message, and writes the base in key order. Nothing is looked up until then.
 

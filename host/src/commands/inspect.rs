@@ -1,7 +1,7 @@
-//! `registry` and `check`: run a component with no bus, for an operator's eyes.
+//! `registry`, `check` and `sign`: a component file looked at with no bus, for an operator's
+//! eyes — its registry printed, the checks it must pass before it may serve, its signature.
 
-use std::path::Path;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
