@@ -9,6 +9,7 @@
 //! the native build (tests, fuzzing) never compiles, may use it.
 #![deny(unsafe_code)]
 
+pub mod causes;
 pub mod checks;
 pub mod env;
 pub mod escape;

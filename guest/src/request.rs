@@ -28,11 +28,12 @@ pub enum What {
     Collect,
     Status,
     Holders,
+    Causes,
 }
 
 impl What {
     /// Every `what`, in the order the SPEC lists them.
-    pub const ALL: [What; 6] = [What::Registry, What::Needs, What::Applied, What::Collect, What::Status, What::Holders];
+    pub const ALL: [What; 7] = [What::Registry, What::Needs, What::Applied, What::Collect, What::Status, What::Holders, What::Causes];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +43,7 @@ impl What {
             What::Collect => "collect",
             What::Status => "status",
             What::Holders => "holders",
+            What::Causes => "causes",
         }
     }
 
@@ -56,6 +58,7 @@ impl What {
                 | (What::Collect, "node" | "module" | "collection")
                 | (What::Status, "node" | "module" | "after_node")
                 | (What::Holders, "node" | "kind" | "name")
+                | (What::Causes, "node" | "module")
         )
     }
 }
@@ -164,7 +167,8 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "collect" => What::Collect,
             "status" => What::Status,
             "holders" => What::Holders,
-            other => return Err(format!("field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders", shorten(other))),
+            "causes" => What::Causes,
+            other => return Err(format!("field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders, causes", shorten(other))),
         },
     };
     let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None, after_node: None };

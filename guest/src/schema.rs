@@ -212,6 +212,12 @@ pub(crate) mod names {
     pub fn status_what(_: &mut SchemaGenerator) -> Schema {
         json_schema!({ "const": "status" })
     }
+    pub fn causes_what(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "const": "causes" })
+    }
+    pub fn cause_kind(_: &mut SchemaGenerator) -> Schema {
+        one_of(&crate::causes::CauseKind::ALL.map(crate::causes::CauseKind::name))
+    }
     pub fn holders_what(_: &mut SchemaGenerator) -> Schema {
         json_schema!({ "const": "holders" })
     }

@@ -105,6 +105,9 @@ pub struct ModuleStatus {
     pub warnings: Vec<String>,
     /// The newest revision among what was read.
     pub revision: u64,
+    /// Why the plan of the wanted build is not given (its composition not published, refused
+    /// or unreadable); `None` when it is planned.
+    pub plan_waiting: Option<String>,
 }
 
 impl ModuleStatus {
@@ -266,7 +269,9 @@ pub(crate) fn module_recorded(env: &dyn Env, node: &str, module: &str, asked: &m
             revision = revision.max(r);
         }
     }
+    let plan_waiting = plan.entries.first().filter(|e| e.state != plan::PlanState::Planned).and_then(|e| e.reason.clone());
     Ok(ModuleStatus {
+        plan_waiting,
         node: node.into(),
         module: module.into(),
         want: plan.want.clone(),
@@ -853,6 +858,7 @@ mod written {
             out_of_shape: Vec::new(),
             warnings: vec!["bucket \"x\" unsafe".into()],
             revision: 3,
+            plan_waiting: None,
         };
         let bare = ModuleStatus {
             want: None,

@@ -33,6 +33,8 @@ pub(crate) enum AnyAnswer {
     Status(crate::status::StatusPage),
     /// `holders`: a page of the modules that hold a value.
     Holders(crate::holders::HolderPage<'static>),
+    /// `causes`: what keeps the modules of a page from `applied`, each cause once.
+    Causes(crate::causes::CausesPage),
 }
 
 /// Answers one request of `verb`.
@@ -69,7 +71,7 @@ impl Scope {
             What::Needs => Scope { bucket: keys::NEEDS, tokens: vec![id(&q.node), id(&q.module), id(&q.kind)] },
             What::Applied => Scope { bucket: keys::APPLIED, tokens: vec![id(&q.node), id(&q.module)] },
             What::Collect => Scope { bucket: keys::COLLECT, tokens: vec![id(&q.node), q.collection.as_deref().map(encode), id(&q.module)] },
-            What::Status | What::Holders => return None,
+            What::Status | What::Holders | What::Causes => return None,
         })
     }
 
@@ -99,6 +101,9 @@ fn provisioning(env: &dyn Env, q: &Query, budget: usize) -> Result<Reply, HostEr
         (What::Holders, None) => {
             let (kind, name) = (q.kind.as_deref().unwrap_or_default(), q.name.as_deref().unwrap_or_default());
             return crate::holders::answer(env, kind, name, q.node.as_deref(), q.after.as_deref(), q.limit, budget);
+        }
+        (What::Causes, None) => {
+            return crate::causes::answer(env, q.node.as_deref(), q.module.as_deref(), q.after.as_deref(), q.limit, budget);
         }
         (_, None) => {
             let after = q.after.clone().or_else(|| q.after_node.as_deref().map(crate::keys::past_node));
@@ -219,7 +224,7 @@ fn line(what: What, e: &EntryRef, value: bool) -> (String, bool) {
             o.str("name", &k.name);
         }),
         // (`status` and `holders` list modules; never items of one bucket.)
-        What::Applied | What::Status | What::Holders => parse_applied(e.key).map(|k| {
+        What::Applied | What::Status | What::Holders | What::Causes => parse_applied(e.key).map(|k| {
             o.str("node", &k.node);
             o.str("module", &k.module);
         }),
@@ -329,7 +334,7 @@ mod written {
         let fields = match what {
             What::Registry => parse_registry(&e.key).map(|kind| LineFields::Registry { kind }),
             What::Needs => parse_need_ref(&e.key).map(LineFields::Need),
-            What::Applied | What::Status | What::Holders => parse_applied(&e.key).map(LineFields::Applied),
+            What::Applied | What::Status | What::Holders | What::Causes => parse_applied(&e.key).map(LineFields::Applied),
             What::Collect => parse_collect(&e.key).map(LineFields::Collect),
         };
         let (fields, tail) = match fields {

@@ -1,8 +1,10 @@
 //! The ground floor: what every other folder may use and which itself uses nothing of the
 //! crate but its own files — the error and its kinds, writing a private file, locks a panic
 //! cannot poison, text made visible, redacted secrets, the metrics, logging, randomness and
-//! the names the bus sees (subjects, headers, the service's endpoints).
+//! the names the bus sees (subjects, headers, the service's endpoints), and the pages of an
+//! answer of causes merged.
 
+pub mod causes;
 pub mod error;
 pub mod files;
 pub mod flags;

@@ -1,9 +1,10 @@
-//! The operator's commands, run from a terminal and ended with an exit code: `query`,
+//! The operator's commands, run from a terminal and ended with an exit code: `query` (and its `causes`),
 //! `verify`, `registry`/`check`/`sign`, `bootstrap`. Each module owns its command's flags and
 //! its `run`; they ask the running server or the bus, and never share a task with `serve`.
 
 pub mod bootstrap;
-pub mod check;
+pub mod causes;
+pub mod inspect;
 pub mod query;
 pub mod verify;
 

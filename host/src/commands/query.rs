@@ -47,6 +47,8 @@ fn request(q: &Query) -> (&'static str, Value) {
         What::Plan => (PLAN, json!({})),
         What::Status => (PROVISIONING, json!({ "what": "status" })),
         What::Holders => (PROVISIONING, json!({ "what": "holders" })),
+        What::Causes => (PROVISIONING, json!({ "what": "causes" })),
+        What::Why => (PROVISIONING, json!({ "what": "status" })),
     };
     for (field, value) in [("node", &q.node), ("module", &q.module), ("kind", &q.kind), ("collection", &q.collection), ("name", &q.name), ("after", &q.after)] {
         if let Some(v) = value {
@@ -130,6 +132,25 @@ pub async fn run(q: Query) -> Result<crate::commands::Exit> {
     let colour = colour();
     if q.what == What::Holders {
         return holders(&client, &q, body).await;
+    }
+    if q.what == What::Causes {
+        let merged = super::causes::all(&client, body, q.timeout).await?;
+        match q.json {
+            true => println!("{}", json!({"what":"causes","examined":merged.examined,"held":merged.held,"omitted":merged.omitted,"entries":merged.causes})),
+            false => print!("{}", super::causes::table(&merged)),
+        }
+        return Ok(crate::commands::Exit::Done);
+    }
+    if q.what == What::Why {
+        let (Some(node), Some(module)) = (&q.node, &q.module) else {
+            return Err(Error::new(ErrorKind::Invalid, "query why needs --node and --module"));
+        };
+        let status = ask(&client, PROVISIONING, &body, q.timeout).await?;
+        let merged = super::causes::all(&client, json!({"what":"causes","node":node,"module":module}), q.timeout).await?;
+        let mut shown = status.clone();
+        crate::base::visible::visible_json(&mut shown);
+        print!("{}", super::causes::why(&shown, &merged));
+        return Ok(crate::commands::Exit::Done);
     }
     loop {
         let reply = ask(&client, verb, &body, q.timeout).await?;
@@ -412,7 +433,7 @@ fn cut(s: &str, n: usize) -> String {
     }
 }
 
-fn render(rows: &[Vec<String>]) -> String {
+pub(crate) fn render(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
     let mut out = String::new();
@@ -437,6 +458,12 @@ pub enum What {
     /// Who holds a value (`--kind` and `--name`), and whether each runs the one at its place
     /// now; every page is read, and the exit code is 3 unless every holder is current.
     Holders,
+    /// The distinct causes that keep modules from `applied` (narrowed by `--node`,
+    /// `--module`), each with what it holds and what would clear it; every page is read.
+    Causes,
+    /// One module's chain (`--node` and `--module`): each need, its check, and the cause that
+    /// holds it with what would clear it.
+    Why,
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,11 @@
 //! `serve --demo`: a small mesh written as the node clients and engines, the controller, the
-//! indexer and a provider would, through the example config's own users, so that `query` shows
-//! something real: one odd key, a planned module and one held on its kept plan.
+//! indexer, the config service and a provider would, through the example config's own users, so
+//! that `query` and the page show something real: a module in each state of SPEC §7.1, one odd
+//! key, a planned module and one held on its kept plan, and a rotation in progress.
+//!
+//! Then the mesh moves on by itself ([`story`]): the provider is applied, the rotated value's
+//! holder catches up, and every half minute the value is rotated again and caught up with, so
+//! the page's event stream and `query status --watch` show changes.
 
 use async_nats::jetstream;
 
@@ -18,12 +23,16 @@ const ALPHA: Writes = &[
     ("mesh-provisioner_collect", "alpha.shell=3Azsh=3Anormal.app", r#"{"line":"export APP_HOME=/opt/app"}"#),
 ];
 const BETA: Writes = &[
+    // Waits for postgres, assigned to gamma and not applied there yet: pending.
+    ("mesh-provisioner_needs", "beta.cache.bound.postgres=2Ecache", r#"{"placeholder":"${bound:postgres.cache}"}"#),
+    ("mesh-provisioner_needs", "beta.api.config.api_url", r#"{"placeholder":"${config:api_url}"}"#),
     ("mesh-provisioner_needs", "beta.web.port.http", r#"{"placeholder":"${port:http}"}"#),
     ("mesh-provisioner_needs", "beta.web.config.base_url", r#"{"placeholder":"${config:base_url}"}"#),
     ("mesh-provisioner_applied", "beta.web", r#"{"build":"w3","needs":2,"at":"2026-11-29T10:01:00Z"}"#),
     ("mesh-provisioner_applied", "beta.metrics", r#"{"build":"m1","needs":0,"at":"2026-11-29T10:01:30Z"}"#),
     ("mesh-provisioner_collect", "beta.shell=3Azsh=3Anormal.web", r#"{"line":"export WEB_PORT=8080"}"#),
 ];
+const ALPHA_CRON: Writes = &[("mesh-provisioner_needs", "alpha.cron.config.schedule", r#"{"placeholder":"${config:schedule}"}"#)];
 const GAMMA: Writes = &[
     ("mesh-provisioner_needs", "gamma.worker.secret.api_key", r#"{"placeholder":"${secret:api_key}"}"#),
     // Out of shape: `=3a` is a lower-case escape.
@@ -31,7 +40,7 @@ const GAMMA: Writes = &[
 ];
 
 pub async fn write(access: &Access) -> Result<()> {
-    for (user, writes) in [("node-alpha", ALPHA), ("node-beta", BETA), ("node-gamma", GAMMA)] {
+    for (user, writes) in [("node-alpha", ALPHA), ("node-alpha", ALPHA_CRON), ("node-beta", BETA), ("node-gamma", GAMMA)] {
         let js = login(access, user).await?;
         for (bucket, key, value) in writes {
             let kv = js.get_key_value(*bucket).await.map_err(|e| fail(user, bucket, &e))?;
@@ -48,7 +57,7 @@ pub async fn write(access: &Access) -> Result<()> {
         let kv = js.get_key_value(*bucket).await.map_err(|e| fail(user, bucket, &e))?;
         kv.put(*key, value.as_bytes().to_vec().into()).await.map_err(|e| fail(user, key, &e))?;
     }
-    Ok(())
+    values(access).await
 }
 
 /// Writes into buckets their writer owns: a provider's bound values, the node
@@ -73,9 +82,87 @@ const OWNED: &[(&str, &str, &str, &str)] = &[
     ("mesh-indexer", "mesh-indexer_builds", "app", r#"{"newest":"b7"}"#),
     ("mesh-controller", "mesh-controller_assignments", "beta.web", r#"{"want":"w4"}"#),
     // The provider of alpha/app's bound value runs on gamma (SPEC §7.3).
+    // Applied by the story, a little later.
     ("mesh-controller", "mesh-controller_assignments", "gamma.postgres", r#"{"want":"p1"}"#),
-    ("node-gamma", "mesh-provisioner_applied", "gamma.postgres", r#"{"build":"p1","needs":0,"at":"2026-11-30T09:00:00Z"}"#),
+    // Assigned, and nothing of it recorded: never ran.
+    ("mesh-controller", "mesh-controller_assignments", "gamma.batch", r#"{"want":"k1"}"#),
 ];
+
+/// Writes `value` as the config service at `<node>.<module>.<name>`: its revision.
+async fn rotate(access: &Access, node: &str, module: &str, name: &str, value: &str) -> Result<u64> {
+    let config = login(access, "mesh-config").await?;
+    let kv = config.get_key_value("mesh-config_values").await.map_err(|e| fail("mesh-config", "mesh-config_values", &e))?;
+    let key = format!("{node}.{module}.{name}");
+    kv.put(key.as_str(), value.as_bytes().to_vec().into()).await.map_err(|e| fail("mesh-config", &key, &e))
+}
+
+/// The revision of the value at `<node>.<module>.<name>` now.
+async fn revision(access: &Access, node: &str, module: &str, name: &str) -> Result<u64> {
+    let config = login(access, "mesh-config").await?;
+    let kv = config.get_key_value("mesh-config_values").await.map_err(|e| fail("mesh-config", "mesh-config_values", &e))?;
+    let key = format!("{node}.{module}.{name}");
+    match kv.entry(key.as_str()).await.map_err(|e| fail("mesh-config", &key, &e))? {
+        Some(e) => Ok(e.revision),
+        None => Err(fail("mesh-config", &key, &"the value is gone")),
+    }
+}
+
+/// Writes the applied record of `<node>.<module>` at `build`, having applied the value `name`
+/// at `revision` (what a node's client writes once it ran it).
+async fn apply(access: &Access, node: &str, module: &str, name: &str, revision: u64, build: &str) -> Result<()> {
+    let at = crate::base::wire::rfc3339(std::time::SystemTime::now());
+    let record = serde_json::json!({"build": build, "needs": 1, "values": {format!("config:{name}"): revision}, "at": at});
+    put(access, &format!("node-{node}"), "mesh-provisioner_applied", &format!("{node}.{module}"), &record.to_string()).await
+}
+
+/// The values of the demo and their holders: alpha/cron applied; beta/api applied at its
+/// value's first revision, and the value rotated since (a rotation in progress).
+async fn values(access: &Access) -> Result<()> {
+    let r = rotate(access, "alpha", "cron", "schedule", "\"*/5 * * * *\"").await?;
+    apply(access, "alpha", "cron", "schedule", r, "c1").await?;
+    let r = rotate(access, "beta", "api", "api_url", "\"https://api.internal/v1\"").await?;
+    apply(access, "beta", "api", "api_url", r, "a1").await?;
+    rotate(access, "beta", "api", "api_url", "\"https://api.internal/v2\"").await.map(drop)
+}
+
+/// How long the story waits before each of its steps.
+const STEP: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The mesh moving on by itself, until `stop`: postgres applied on gamma (and its bound value
+/// written for beta/cache, which then applies), beta/api catching up with its rotated value,
+/// then a rotation of it every two steps and its catching up. A failed write is logged, and
+/// the story ends: the server goes on.
+pub async fn story(access: Access, mut stop: tokio::sync::watch::Receiver<bool>) {
+    tokio::select! {
+        r = steps(&access) => if let Err(e) = r { tracing::warn!(error = %e, "demo: the story stopped") },
+        _ = async { while !*stop.borrow_and_update() { if stop.changed().await.is_err() { break } } } => {},
+    }
+}
+
+async fn steps(access: &Access) -> Result<()> {
+    tokio::time::sleep(STEP).await;
+    put(access, "node-gamma", "mesh-provisioner_applied", "gamma.postgres", r#"{"build":"p1","needs":0}"#).await?;
+    put(access, "provider-postgres", "postgres_bound", "beta.cache.cache", r#"{"host":"gamma","port":5432,"database":"cache"}"#).await?;
+    put(access, "node-beta", "mesh-provisioner_applied", "beta.cache", r#"{"build":"k7","needs":1}"#).await?;
+    tracing::info!("demo: postgres applied on gamma; beta/cache applied");
+    let mut round = 2u64;
+    loop {
+        tokio::time::sleep(STEP).await;
+        apply(access, "beta", "api", "api_url", revision(access, "beta", "api", "api_url").await?, "a1").await?;
+        tracing::info!(round, "demo: beta/api caught up with its rotated value");
+        tokio::time::sleep(STEP).await;
+        round += 1;
+        rotate(access, "beta", "api", "api_url", &format!("\"https://api.internal/v{round}\"")).await?;
+        tracing::info!(round, "demo: api_url rotated; beta/api holds the old one");
+    }
+}
+
+async fn put(access: &Access, user: &str, bucket: &str, key: &str, value: &str) -> Result<()> {
+    let js = login(access, user).await?;
+    let kv = js.get_key_value(bucket).await.map_err(|e| fail(user, bucket, &e))?;
+    kv.put(key, value.as_bytes().to_vec().into()).await.map_err(|e| fail(user, key, &e))?;
+    Ok(())
+}
 
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
     let client = crate::nats::connect::embedded_options(access, user, "mesh-provisioner demo")

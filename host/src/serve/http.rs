@@ -58,6 +58,9 @@ const READ_YIELD: u32 = 1;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
 
+/// Most causes the page shows above the grid.
+const TOP_CAUSES: usize = 5;
+
 /// How long a reader with no status read yet waits for the first.
 const FIRST_READ: Duration = Duration::from_secs(10);
 /// The longest a connection is kept, however it is used.
@@ -546,9 +549,11 @@ async fn read_status(h: &Http) -> Result<Arc<Value>> {
             _ => json!({"after": next}),
         };
     }
+    let causes = read_causes(h).await?;
     let s = Arc::new(json!({
         "entries": entries,
         "complete": complete,
+        "causes": causes,
         "per_node": h.per_node,
         "cut": cut,
         "role": role(&h.shared.seat),
@@ -556,6 +561,40 @@ async fn read_status(h: &Http) -> Result<Arc<Value>> {
         "read_at": crate::base::wire::rfc3339(std::time::SystemTime::now()),
     }));
     Ok(s)
+}
+
+/// Reads `{"what":"causes"}` from the guest, every page up to [`MAX_MODULES`] modules
+/// examined: the causes holding most modules first ([`TOP_CAUSES`] of them), how many modules
+/// they hold of how many, and whether every module was examined.
+async fn read_causes(h: &Http) -> Result<Value> {
+    let loaded = h.shared.current.get();
+    let mut merged = crate::base::causes::Merged::default();
+    let mut q = json!({"what": "causes", "limit": PAGE_MODULES});
+    let complete = loop {
+        let called = Instant::now();
+        let reply =
+            loaded.guest.handle(h.shared.backend.clone(), h.shared.limits, crate::base::wire::PROVISIONING, q.to_string().as_bytes(), PAGE_BUDGET).await?;
+        tokio::time::sleep(called.elapsed() * READ_YIELD).await;
+        // A component from before `causes` says it does not know the question: the page then
+        // shows none, as it did.
+        if reply.code == ReplyCode::BadRequest {
+            return Ok(json!({"top": [], "known": false}));
+        }
+        let page: Value = serde_json::from_slice(&reply.body).map_err(|e| Error::new(ErrorKind::Guest, format!("a causes page that is not JSON: {e}")))?;
+        if reply.code != ReplyCode::Ok {
+            let why = page["error"]["message"].as_str().unwrap_or("the causes read failed").to_string();
+            return Err(Error::new(ErrorKind::Unavailable, why));
+        }
+        merged.add(&page);
+        match page["next"].as_str() {
+            Some(next) if (merged.examined as usize) < MAX_MODULES => q["after"] = json!(next),
+            Some(_) => break false,
+            None => break true,
+        }
+    };
+    let count = merged.causes.len();
+    merged.causes.truncate(TOP_CAUSES);
+    Ok(json!({"top": merged.causes, "count": count, "held": merged.held, "examined": merged.examined, "complete": complete, "known": true}))
 }
 
 fn role(seat: &Seat) -> &'static str {

@@ -121,9 +121,9 @@ const PAGE: &str = "status page, /healthz, /readyz, /metrics";
 /// `allow_responses`, every reply subject delivered to it, and prunes that table by walking it
 /// whole. Every message a mirror's consumer delivers carries a reply subject (`$JS.ACK…`) that
 /// is never answered, so on one shared connection a replay of a million keys left a million
-/// entries that every request then paid for (measured: `pruneReplyPerms` 74% of the server's
-/// CPU, the verb at 0.15–0.34× the echo's throughput at 1M keys). The serving connection only
-/// ever holds requests it answers.
+/// entries that every request then paid for (the server's CPU went to `pruneReplyPerms`; the
+/// figures are in docs/performance.md). The serving connection only ever holds requests it
+/// answers.
 ///
 /// Why the seat apart: its renewals must not wait behind a mirror's replay, and a connection
 /// that reads what nodes wrote can be cut by it (a reader bug, a slow consumer); the seat's
@@ -351,7 +351,8 @@ async fn serve_while_held(args: &Serve, o: &Shared, tasks: &Tasks, embedded: Opt
         if !demo_done {
             if let Some(server) = embedded {
                 crate::serve::demo::write(&server.access).await?;
-                tracing::info!("demo mesh written: try `mesh-provisioner query needs --node alpha --state-dir {}`", args.connect.state_dir.display());
+                tracing::info!("demo mesh written: try `mesh-provisioner query status --watch --state-dir {}`", args.connect.state_dir.display());
+                tokio::spawn(crate::serve::demo::story(server.access.clone(), tasks.stop.clone()));
             }
             demo_done = true;
         }

@@ -176,6 +176,37 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     for (user, password) in &access.passwords {
         assert!(!conf.contains(password.as_str()), "the config holds {user}'s password");
     }
+    // Within a minute a module in each state of SPEC §7.1, and a rotation in progress: beta/api
+    // runs an older api_url than the one at its place.
+    let states = |out: &Output| -> std::collections::BTreeMap<String, String> {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string()))
+            .collect()
+    };
+    let every = ["never_ran", "pending", "nothing_needed", "applied", "degraded", "blocked"];
+    let start = std::time::Instant::now();
+    let seen = loop {
+        let seen = states(&run(&["query", "status", "--json", "--state-dir", dir]));
+        if every.iter().all(|s| seen.values().any(|v| v == s)) && seen.get("beta/api").map(String::as_str) == Some("degraded") {
+            break seen;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not every state within a minute: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(seen.get("beta/cache").map(String::as_str), Some("pending"), "{seen:?}");
+    let holders = run(&["query", "holders", "--kind", "config", "--name", "api_url", "--state-dir", dir]);
+    assert_eq!(holders.status.code(), Some(3), "a rotation in progress: {}", text(&holders));
+    assert!(text(&holders).contains("stale"), "{}", text(&holders));
+    // Then it moves on by itself: postgres is applied on gamma and beta/cache with it.
+    let start = std::time::Instant::now();
+    while states(&run(&["query", "status", "--json", "--node", "beta", "--state-dir", dir])).get("beta/cache").map(String::as_str) != Some("applied") {
+        assert!(start.elapsed() < Duration::from_secs(60), "the demo never moved on:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // Killed outright, serve takes its embedded server with it: nothing is left on the port
     // (an orphan would hold it and the store, and the next start on this directory would fail).
     let port = access.url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("the record's port");

@@ -7,6 +7,7 @@
 //! event first.
 
 mod accounts;
+mod causes;
 mod chaos;
 mod cli;
 mod connect;

@@ -5,6 +5,7 @@
 //! A new test goes in the module of the behaviour it checks; a new behaviour gets a module
 //! here when it needs neither wasmtime nor NATS (else `component` or `e2e`).
 
+mod causes;
 mod fuzz_corpus;
 mod holders;
 mod layering;
