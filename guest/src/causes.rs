@@ -26,6 +26,9 @@ pub const MAX_CAUSE_MODULES: u32 = 500;
 /// Most needs a cause lists by `kind:name` (`more_needs` counts the rest).
 pub const MAX_CAUSE_NEEDS: usize = 8;
 
+/// Most distinct needs a cause counts on one page.
+const MAX_COUNTED_NEEDS: usize = 4096;
+
 /// What keeps a module from `applied`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CauseKind {
@@ -43,6 +46,8 @@ pub enum CauseKind {
     ValueStale,
     /// A kind no registry entry answers (or a need the plan lists that cannot be read).
     NoDomain,
+    /// A need of a known kind whose name its domain cannot place.
+    NeedMalformed,
     /// A composition of the module's wanted build not published, refused or unreadable.
     Composition,
     /// A module whose node has applied nothing of it yet, every need passing.
@@ -54,7 +59,7 @@ pub enum CauseKind {
 }
 
 impl CauseKind {
-    pub const ALL: [CauseKind; 11] = [
+    pub const ALL: [CauseKind; 12] = [
         CauseKind::ProviderUnassigned,
         CauseKind::ProviderNotApplied,
         CauseKind::BucketMissing,
@@ -62,6 +67,7 @@ impl CauseKind {
         CauseKind::ValueMissing,
         CauseKind::ValueStale,
         CauseKind::NoDomain,
+        CauseKind::NeedMalformed,
         CauseKind::Composition,
         CauseKind::NotApplied,
         CauseKind::AppliedRecord,
@@ -77,6 +83,7 @@ impl CauseKind {
             CauseKind::ValueMissing => "value_missing",
             CauseKind::ValueStale => "value_stale",
             CauseKind::NoDomain => "no_domain",
+            CauseKind::NeedMalformed => "need_malformed",
             CauseKind::Composition => "composition",
             CauseKind::NotApplied => "not_applied",
             CauseKind::AppliedRecord => "applied_record",
@@ -108,7 +115,15 @@ pub fn of_need(node: &str, n: &NeedStatus) -> Option<Found> {
         (Check::Unanswered, _) if n.kind.is_empty() => {
             found(CauseKind::NoDomain, composed(node), format!("a composition in {} whose needs can be read", composed(node)))
         }
-        (Check::Unanswered, _) => found(CauseKind::NoDomain, n.kind.clone(), format!("a registry entry for kind {} ({REGISTRY} key {})", n.kind, n.kind)),
+        // A kind the registry answers: the need's name is what its domain cannot place.
+        (Check::Unanswered, _) if crate::registry::lookup(&n.kind).is_some() => {
+            found(CauseKind::NeedMalformed, n.kind.clone(), format!("each module's need of kind {} named as its domain places it (see the reason)", n.kind))
+        }
+        (Check::Unanswered, _) => found(
+            CauseKind::NoDomain,
+            n.kind.clone(),
+            format!("a component whose compiled registry answers kind {} (it reconciles {REGISTRY}), or the module not asking it", n.kind),
+        ),
         (Check::NoProvider, place) if provider.is_some_and(|p| p.nodes.is_empty()) => {
             let domain = provider.map(|p| p.module.clone()).unwrap_or_default();
             let what = match place {
@@ -123,7 +138,9 @@ pub fn of_need(node: &str, n: &NeedStatus) -> Option<Found> {
         (Check::NoProvider, Place::Bucket { domain, bucket, .. }) => {
             found(CauseKind::BucketMissing, bucket.to_string(), format!("bucket {bucket} made (`mesh-provisioner bootstrap`), or domain {domain} installed"))
         }
-        (Check::NoProvider, Place::Nowhere) => found(CauseKind::NoDomain, n.kind.clone(), format!("a registry entry for kind {}", n.kind)),
+        (Check::NoProvider, Place::Nowhere) => {
+            found(CauseKind::NoDomain, n.kind.clone(), format!("a component whose compiled registry answers kind {}", n.kind))
+        }
         (Check::ProviderPending { node: on }, place) => {
             let domain = match (provider, place) {
                 (Some(p), _) => p.module.clone(),
@@ -131,16 +148,29 @@ pub fn of_need(node: &str, n: &NeedStatus) -> Option<Found> {
                 (None, Place::Bucket { domain, .. }) => domain.to_string(),
                 (None, Place::Nowhere) => n.kind.clone(),
             };
-            let clear = format!("node {on} applying provider {domain} (its engine writes {APPLIED} key {on}.{domain}), or its service answering");
+            let clear = match (place, provider.and_then(|p| p.applied_on())) {
+                // Applied, and its service not answering yet.
+                (Place::Verb { verb, .. }, Some(_)) => format!("the service of {domain} on {on} answering {verb} (discovery $SRV.PING.{domain})"),
+                (Place::Verb { .. }, None) => {
+                    format!("node {on} applying provider {domain} (its engine writes {APPLIED} key {on}.{domain}) and its service answering")
+                }
+                _ => format!("node {on} applying provider {domain} (its engine writes {APPLIED} key {on}.{domain})"),
+            };
             found(CauseKind::ProviderNotApplied, [domain.as_str(), " on ", on].concat(), clear)
         }
+        // One value many modules need is one cause: the bucket and the need, whatever module's
+        // key holds it (the first one held says where).
         (Check::Missing, Place::Bucket { bucket, place, .. }) => {
-            let names = [bucket.as_ref(), " ", place].concat();
-            found(CauseKind::ValueMissing, names, format!("a value written at {bucket} key {place}"))
+            let names = [bucket.as_ref(), " ", &n.kind, ":", &n.name].concat();
+            found(CauseKind::ValueMissing, names, format!("a value written at {bucket} key {place}, and at the like key of each module held"))
         }
         (Check::Stale { revision, .. }, Place::Bucket { bucket, place, .. }) => {
-            let names = [bucket.as_ref(), " ", place].concat();
-            found(CauseKind::ValueStale, names, format!("each holder applying revision {revision} of {bucket} {place} (`query holders` lists them)"))
+            let names = [bucket.as_ref(), " ", &n.kind, ":", &n.name].concat();
+            found(
+                CauseKind::ValueStale,
+                names,
+                format!("each holder applying the value now at its place ({bucket} {place} is at revision {revision}; `query holders` lists them)"),
+            )
         }
         (Check::Missing | Check::Stale { .. }, _) => found(CauseKind::ValueMissing, n.kind.clone(), "a value for the need".into()),
         (Check::Unknown, place) => {
@@ -179,7 +209,8 @@ pub fn of_module(s: &ModuleStatus) -> Vec<Found> {
         (_, None, false) => {
             out.push(own(CauseKind::NotApplied, node.clone(), format!("node {node}'s provisioner applying {module} (it writes {APPLIED} key {node}.{module})")))
         }
-        _ => {}
+        // Not reached by the states status gives today; a held module still says what holds it.
+        _ => out.push(own(CauseKind::NotApplied, node.clone(), format!("node {node}'s provisioner applying {module} at what it wants"))),
     }
     out
 }
@@ -265,10 +296,9 @@ impl Tally {
                 needs: BTreeSet::new(),
             });
             if let Some(need) = f.need {
-                if m.needs.len() < MAX_CAUSE_NEEDS || m.needs.contains(&need) {
+                // Distinct needs counted, up to a bound a page cannot outgrow in memory.
+                if m.needs.len() < MAX_COUNTED_NEEDS {
                     m.needs.insert(need);
-                } else {
-                    m.line.more_needs += 1;
                 }
             }
             if !fresh {
@@ -288,8 +318,14 @@ impl Tally {
 
     /// The causes, the one holding most modules first (then by kind and name).
     pub fn lines(self) -> Vec<CauseLine> {
-        let mut out: Vec<CauseLine> =
-            self.causes.into_values().map(|m| CauseLine { nodes: m.nodes.len() as u64, needs: m.needs.into_iter().collect(), ..m.line }).collect();
+        let mut out: Vec<CauseLine> = self
+            .causes
+            .into_values()
+            .map(|m| {
+                let more_needs = m.needs.len().saturating_sub(MAX_CAUSE_NEEDS) as u64;
+                CauseLine { nodes: m.nodes.len() as u64, needs: m.needs.into_iter().take(MAX_CAUSE_NEEDS).collect(), more_needs, ..m.line }
+            })
+            .collect();
         out.sort_by(|a, b| b.modules.cmp(&a.modules).then_with(|| (a.kind, &a.names).cmp(&(b.kind, &b.names))));
         out
     }
@@ -309,37 +345,47 @@ pub(crate) struct CausesPage {
     held: u64,
     /// The causes, the one holding most modules first.
     entries: Vec<CauseLine>,
-    /// Causes left out for the reply's size (the fewest-held).
-    #[serde(skip_serializing_if = "is_zero")]
-    omitted: u64,
     /// Where the next page starts (as `after`); absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     next: Option<String>,
 }
 
 /// Answers `what: "causes"`: the causes of the modules in scope after `after`, at most `limit`
-/// of them examined.
+/// of them examined. A page whose causes cannot fit the reply ends at an earlier module (its
+/// `next` there), so no cause is dropped and no count is short.
 pub fn answer(env: &dyn Env, node: Option<&str>, module: Option<&str>, after: Option<&str>, limit: u32, budget: usize) -> Result<Reply, HostError> {
     let limit = limit.clamp(1, MAX_CAUSE_MODULES);
     let page = modules(env, node, module, after, limit)?;
-    let mut asked = crate::status::Asked::default();
-    let (mut tally, mut revision, mut held) = (Tally::default(), 0, 0);
+    let mut asked = crate::status::Asked::for_causes();
+    let mut statuses = Vec::with_capacity(page.pairs.len());
     for (n, m) in &page.pairs {
-        let s = crate::status::module_with(env, n, m, &mut asked)?;
-        revision = revision.max(s.revision);
-        held += u64::from(!matches!(s.state, ModuleState::Applied | ModuleState::NothingNeeded));
-        tally.add(&s);
+        statuses.push(crate::status::module_with(env, n, m, &mut asked)?);
     }
-    let examined = page.pairs.len() as u64;
-    let mut body = CausesPage { what: "causes", revision, examined, held, entries: tally.lines(), omitted: 0, next: page.upto };
+    let mut upto = statuses.len();
     loop {
+        let examined = &statuses[..upto];
+        let mut tally = Tally::default();
+        examined.iter().for_each(|s| tally.add(s));
+        let next = match upto == statuses.len() {
+            true => page.upto.clone(),
+            false => examined.last().map(|s| crate::modules::join(&(s.node.clone(), s.module.clone()))),
+        };
+        let body = CausesPage {
+            what: "causes",
+            revision: examined.iter().map(|s| s.revision).max().unwrap_or(0),
+            examined: upto as u64,
+            held: examined.iter().filter(|s| !matches!(s.state, ModuleState::Applied | ModuleState::NothingNeeded)).count() as u64,
+            entries: tally.lines(),
+            next,
+        };
         let text = to_json(&body);
         if text.len() <= budget {
             return Ok(Reply { code: Code::Ok, body: text.into_bytes(), revision: None });
         }
-        if body.entries.pop().is_none() {
-            return Ok(Reply::error(Code::Internal, &format!("a page of causes cannot fit a reply of {budget} bytes")));
+        if upto <= 1 {
+            let at = examined.first().map(|s| [s.node.as_str(), "/", &s.module].concat()).unwrap_or_default();
+            return Ok(Reply::error(Code::Internal, &format!("the causes of {at} ({} bytes) cannot fit a reply of {budget} bytes", text.len())));
         }
-        body.omitted += 1;
+        upto /= 2;
     }
 }

@@ -109,7 +109,7 @@ pub const MAX_PROVIDER_NODES: usize = 16;
 
 impl Provider {
     /// The first node it is applied on, if any.
-    fn applied_on(&self) -> Option<&str> {
+    pub fn applied_on(&self) -> Option<&str> {
         self.nodes.iter().find(|n| n.applied).map(|n| n.node.as_str())
     }
 

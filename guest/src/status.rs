@@ -150,6 +150,12 @@ pub(crate) struct Asked {
 }
 
 impl Asked {
+    /// What an answer of causes asks: whole statuses, but no keys out of shape (a cause is
+    /// never one).
+    pub(crate) fn for_causes() -> Asked {
+        Asked { deep: Some(std::collections::HashMap::new()), ..Asked::default() }
+    }
+
     /// What the state sweep asks: [`Asked::states_only`].
     pub(crate) fn for_states() -> Asked {
         Asked { states_only: true, ..Asked::default() }

@@ -6,13 +6,17 @@
 
 use serde_json::{json, Value};
 
+/// Most needs a cause lists, as the server lists them (`more_needs` counts the rest).
+pub const LISTED_NEEDS: usize = 8;
+
 /// The causes of many pages.
 #[derive(Default, Debug)]
 pub struct Merged {
     pub causes: Vec<Value>,
     pub examined: u64,
     pub held: u64,
-    pub omitted: u64,
+    /// Where each cause is in `causes`, by its kind and what it names.
+    at: std::collections::HashMap<(String, String), usize>,
 }
 
 impl Merged {
@@ -20,10 +24,10 @@ impl Merged {
     pub fn add(&mut self, page: &Value) {
         self.examined += page["examined"].as_u64().unwrap_or(0);
         self.held += page["held"].as_u64().unwrap_or(0);
-        self.omitted += page["omitted"].as_u64().unwrap_or(0);
         for c in page["entries"].as_array().into_iter().flatten() {
-            let same = |m: &&mut Value| m["kind"] == c["kind"] && m["names"] == c["names"];
-            let Some(m) = self.causes.iter_mut().find(same) else {
+            let id = (c["kind"].as_str().unwrap_or_default().to_string(), c["names"].as_str().unwrap_or_default().to_string());
+            let Some(m) = self.at.get(&id).and_then(|i| self.causes.get_mut(*i)) else {
+                self.at.insert(id, self.causes.len());
                 self.causes.push(c.clone());
                 continue;
             };
@@ -43,7 +47,7 @@ impl Merged {
                 if needs.contains(n) {
                     continue;
                 }
-                if needs.len() < 8 {
+                if needs.len() < LISTED_NEEDS {
                     needs.push(n.clone());
                 } else {
                     more += 1;
@@ -52,10 +56,16 @@ impl Merged {
             m["needs"] = json!(needs);
             m["more_needs"] = json!(more);
         }
+    }
+
+    /// The causes, the one holding most modules first (then by kind and name).
+    pub fn sorted(mut self) -> Merged {
         self.causes.sort_by(|a, b| {
             let n = |v: &Value| v["modules"].as_u64().unwrap_or(0);
             n(b).cmp(&n(a)).then_with(|| a["kind"].as_str().cmp(&b["kind"].as_str())).then_with(|| a["names"].as_str().cmp(&b["names"].as_str()))
         });
+        self.at.clear();
+        self
     }
 }
 
@@ -73,6 +83,7 @@ mod tests {
         let mut m = Merged::default();
         m.add(&json!({"examined":500,"held":500,"entries":[cause(500, 2, "alpha", "beta", "2026-12-04T10:00:00Z")]}));
         m.add(&json!({"examined":500,"held":400,"entries":[cause(400, 2, "beta", "gamma", "2026-12-04T09:00:00Z")]}));
+        let m = m.sorted();
         let c = &m.causes[0];
         assert_eq!((c["modules"].as_u64(), c["nodes"].as_u64()), (Some(900), Some(3)));
         assert_eq!(c["since"], "2026-12-04T09:00:00Z");
@@ -87,6 +98,7 @@ mod tests {
         let mut small = cause(3, 1, "a", "a", "2026-12-04T10:00:00Z");
         small["names"] = json!("aaa");
         m.add(&json!({"examined":12,"held":10,"entries":[small, cause(7, 1, "a", "a", "2026-12-04T10:00:00Z")]}));
+        let m = m.sorted();
         assert_eq!(m.causes[0]["modules"], 7);
         assert_eq!((m.examined, m.held), (12, 10));
     }

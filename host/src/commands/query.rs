@@ -136,7 +136,7 @@ pub async fn run(q: Query) -> Result<crate::commands::Exit> {
     if q.what == What::Causes {
         let merged = super::causes::all(&client, body, q.timeout).await?;
         match q.json {
-            true => println!("{}", json!({"what":"causes","examined":merged.examined,"held":merged.held,"omitted":merged.omitted,"entries":merged.causes})),
+            true => println!("{}", json!({"what":"causes","examined":merged.examined,"held":merged.held,"entries":merged.causes})),
             false => print!("{}", super::causes::table(&merged)),
         }
         return Ok(crate::commands::Exit::Done);
@@ -146,6 +146,9 @@ pub async fn run(q: Query) -> Result<crate::commands::Exit> {
             return Err(Error::new(ErrorKind::Invalid, "query why needs --node and --module"));
         };
         let status = ask(&client, PROVISIONING, &body, q.timeout).await?;
+        if status["entries"].as_array().is_none_or(Vec::is_empty) {
+            return Err(Error::new(ErrorKind::Invalid, format!("no source knows module {module} on node {node}")));
+        }
         let merged = super::causes::all(&client, json!({"what":"causes","node":node,"module":module}), q.timeout).await?;
         let mut shown = status.clone();
         crate::base::visible::visible_json(&mut shown);

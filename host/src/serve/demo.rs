@@ -1,7 +1,8 @@
 //! `serve --demo`: a small mesh written as the node clients and engines, the controller, the
 //! indexer, the config service and a provider would, through the example config's own users, so
-//! that `query` and the page show something real: a module in each state of SPEC §7.1, one odd
-//! key, a planned module and one held on its kept plan, and a rotation in progress.
+//! that `query` and the page show something real: a module in each state of SPEC §7.1 (each
+//! state held by one module for good), one odd key, a planned module and one held on its kept
+//! plan, and a rotation in progress.
 //!
 //! Then the mesh moves on by itself ([`story`]): the provider is applied, the rotated value's
 //! holder catches up, and every half minute the value is rotated again and caught up with, so
@@ -23,8 +24,11 @@ const ALPHA: Writes = &[
     ("mesh-provisioner_collect", "alpha.shell=3Azsh=3Anormal.app", r#"{"line":"export APP_HOME=/opt/app"}"#),
 ];
 const BETA: Writes = &[
-    // Waits for postgres, assigned to gamma and not applied there yet: pending.
+    // Waits for postgres, assigned to gamma and not applied there yet: pending, until the story
+    // applies it.
     ("mesh-provisioner_needs", "beta.cache.bound.postgres=2Ecache", r#"{"placeholder":"${bound:postgres.cache}"}"#),
+    // Waits for redis, assigned to gamma and never applied: pending for good.
+    ("mesh-provisioner_needs", "beta.queue.bound.redis=2Equeue", r#"{"placeholder":"${bound:redis.queue}"}"#),
     ("mesh-provisioner_needs", "beta.api.config.api_url", r#"{"placeholder":"${config:api_url}"}"#),
     ("mesh-provisioner_needs", "beta.web.port.http", r#"{"placeholder":"${port:http}"}"#),
     ("mesh-provisioner_needs", "beta.web.config.base_url", r#"{"placeholder":"${config:base_url}"}"#),
@@ -34,6 +38,7 @@ const BETA: Writes = &[
 ];
 const ALPHA_CRON: Writes = &[("mesh-provisioner_needs", "alpha.cron.config.schedule", r#"{"placeholder":"${config:schedule}"}"#)];
 const GAMMA: Writes = &[
+    ("mesh-provisioner_needs", "gamma.api.config.api_url", r#"{"placeholder":"${config:api_url}"}"#),
     ("mesh-provisioner_needs", "gamma.worker.secret.api_key", r#"{"placeholder":"${secret:api_key}"}"#),
     // Out of shape: `=3a` is a lower-case escape.
     ("mesh-provisioner_needs", "gamma.worker.config.queue=3aname", r#"{"placeholder":"${config:queue:name}"}"#),
@@ -86,6 +91,7 @@ const OWNED: &[(&str, &str, &str, &str)] = &[
     ("mesh-controller", "mesh-controller_assignments", "gamma.postgres", r#"{"want":"p1"}"#),
     // Assigned, and nothing of it recorded: never ran.
     ("mesh-controller", "mesh-controller_assignments", "gamma.batch", r#"{"want":"k1"}"#),
+    ("mesh-controller", "mesh-controller_assignments", "gamma.redis", r#"{"want":"r1"}"#),
 ];
 
 /// Writes `value` as the config service at `<node>.<module>.<name>`: its revision.
@@ -115,9 +121,13 @@ async fn apply(access: &Access, node: &str, module: &str, name: &str, revision: 
     put(access, &format!("node-{node}"), "mesh-provisioner_applied", &format!("{node}.{module}"), &record.to_string()).await
 }
 
-/// The values of the demo and their holders: alpha/cron applied; beta/api applied at its
-/// value's first revision, and the value rotated since (a rotation in progress).
+/// The values of the demo and their holders: alpha/cron applied; beta/api and gamma/api
+/// applied at their value's first revision, and the values rotated since (a rotation in
+/// progress: beta/api catches up in the story, gamma/api never does).
 async fn values(access: &Access) -> Result<()> {
+    let r = rotate(access, "gamma", "api", "api_url", "\"https://api.internal/v1\"").await?;
+    apply(access, "gamma", "api", "api_url", r, "a1").await?;
+    rotate(access, "gamma", "api", "api_url", "\"https://api.internal/v2\"").await?;
     let r = rotate(access, "alpha", "cron", "schedule", "\"*/5 * * * *\"").await?;
     apply(access, "alpha", "cron", "schedule", r, "c1").await?;
     let r = rotate(access, "beta", "api", "api_url", "\"https://api.internal/v1\"").await?;
@@ -125,32 +135,29 @@ async fn values(access: &Access) -> Result<()> {
     rotate(access, "beta", "api", "api_url", "\"https://api.internal/v2\"").await.map(drop)
 }
 
-/// How long the story waits before each of its steps.
-const STEP: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// The mesh moving on by itself, until `stop`: postgres applied on gamma (and its bound value
+/// The mesh moving on by itself, a step `every` so long, until `stop`: postgres applied on gamma (and its bound value
 /// written for beta/cache, which then applies), beta/api catching up with its rotated value,
 /// then a rotation of it every two steps and its catching up. A failed write is logged, and
 /// the story ends: the server goes on.
-pub async fn story(access: Access, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn story(access: Access, every: std::time::Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
     tokio::select! {
-        r = steps(&access) => if let Err(e) = r { tracing::warn!(error = %e, "demo: the story stopped") },
+        r = steps(&access, every) => if let Err(e) = r { tracing::warn!(error = %e, "demo: the story stopped") },
         _ = async { while !*stop.borrow_and_update() { if stop.changed().await.is_err() { break } } } => {},
     }
 }
 
-async fn steps(access: &Access) -> Result<()> {
-    tokio::time::sleep(STEP).await;
+async fn steps(access: &Access, every: std::time::Duration) -> Result<()> {
+    tokio::time::sleep(every).await;
     put(access, "node-gamma", "mesh-provisioner_applied", "gamma.postgres", r#"{"build":"p1","needs":0}"#).await?;
     put(access, "provider-postgres", "postgres_bound", "beta.cache.cache", r#"{"host":"gamma","port":5432,"database":"cache"}"#).await?;
     put(access, "node-beta", "mesh-provisioner_applied", "beta.cache", r#"{"build":"k7","needs":1}"#).await?;
     tracing::info!("demo: postgres applied on gamma; beta/cache applied");
     let mut round = 2u64;
     loop {
-        tokio::time::sleep(STEP).await;
+        tokio::time::sleep(every).await;
         apply(access, "beta", "api", "api_url", revision(access, "beta", "api", "api_url").await?, "a1").await?;
         tracing::info!(round, "demo: beta/api caught up with its rotated value");
-        tokio::time::sleep(STEP).await;
+        tokio::time::sleep(every).await;
         round += 1;
         rotate(access, "beta", "api", "api_url", &format!("\"https://api.internal/v{round}\"")).await?;
         tracing::info!(round, "demo: api_url rotated; beta/api holds the old one");

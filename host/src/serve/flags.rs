@@ -108,6 +108,10 @@ pub struct Serve {
     /// HTTP side on at a free loopback port unless --http says where.
     #[arg(long)]
     pub demo: bool,
+    /// How often the demo mesh moves on by itself (a provider applied, a value rotated, its
+    /// holder catching up).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub demo_every: Duration,
     /// Serve /healthz, /readyz, /metrics and the status page (/) over HTTP at this address
     /// (e.g. 127.0.0.1:9480; keep it on loopback or behind a proxy: it has no authentication).
     /// Off unless given.

@@ -549,7 +549,8 @@ async fn read_status(h: &Http) -> Result<Arc<Value>> {
             _ => json!({"after": next}),
         };
     }
-    let causes = read_causes(h).await?;
+    // Causes that cannot be read now leave the grid as it is, and say why.
+    let causes = read_causes(h).await.unwrap_or_else(|e| json!({"top": [], "known": true, "error": e.message()}));
     let s = Arc::new(json!({
         "entries": entries,
         "complete": complete,
@@ -592,6 +593,7 @@ async fn read_causes(h: &Http) -> Result<Value> {
             None => break true,
         }
     };
+    let mut merged = merged.sorted();
     let count = merged.causes.len();
     merged.causes.truncate(TOP_CAUSES);
     Ok(json!({"top": merged.causes, "count": count, "held": merged.held, "examined": merged.examined, "complete": complete, "known": true}))

@@ -352,7 +352,7 @@ async fn serve_while_held(args: &Serve, o: &Shared, tasks: &Tasks, embedded: Opt
             if let Some(server) = embedded {
                 crate::serve::demo::write(&server.access).await?;
                 tracing::info!("demo mesh written: try `mesh-provisioner query status --watch --state-dir {}`", args.connect.state_dir.display());
-                tokio::spawn(crate::serve::demo::story(server.access.clone(), tasks.stop.clone()));
+                tokio::spawn(crate::serve::demo::story(server.access.clone(), args.demo_every, tasks.stop.clone()));
             }
             demo_done = true;
         }

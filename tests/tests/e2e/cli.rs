@@ -128,7 +128,7 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     tests::nats::private(state.path());
     let log = state.path().join("host.log");
     let mut child = tokio::process::Command::new(host_binary())
-        .args(["serve", "--demo", "--seat-ttl", "2s", "--component"])
+        .args(["serve", "--demo", "--demo-every", "3s", "--seat-ttl", "2s", "--component"])
         .arg(tests::component_path())
         .arg("--state-dir")
         .arg(state.path())
@@ -176,8 +176,8 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     for (user, password) in &access.passwords {
         assert!(!conf.contains(password.as_str()), "the config holds {user}'s password");
     }
-    // Within a minute a module in each state of SPEC §7.1, and a rotation in progress: beta/api
-    // runs an older api_url than the one at its place.
+    // Within a minute a module in each state of SPEC §7.1, and a rotation in progress: gamma/api
+    // runs an older api_url than the one at its place, and never catches up.
     let states = |out: &Output| -> std::collections::BTreeMap<String, String> {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         v["entries"]
@@ -191,13 +191,13 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     let start = std::time::Instant::now();
     let seen = loop {
         let seen = states(&run(&["query", "status", "--json", "--state-dir", dir]));
-        if every.iter().all(|s| seen.values().any(|v| v == s)) && seen.get("beta/api").map(String::as_str) == Some("degraded") {
+        if every.iter().all(|s| seen.values().any(|v| v == s)) && seen.get("gamma/api").map(String::as_str) == Some("degraded") {
             break seen;
         }
         assert!(start.elapsed() < Duration::from_secs(60), "not every state within a minute: {seen:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(seen.get("beta/cache").map(String::as_str), Some("pending"), "{seen:?}");
+    assert_eq!(seen.get("beta/queue").map(String::as_str), Some("pending"), "{seen:?}");
     let holders = run(&["query", "holders", "--kind", "config", "--name", "api_url", "--state-dir", dir]);
     assert_eq!(holders.status.code(), Some(3), "a rotation in progress: {}", text(&holders));
     assert!(text(&holders).contains("stale"), "{}", text(&holders));

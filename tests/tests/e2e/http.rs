@@ -91,7 +91,8 @@ async fn probes_say_the_role_and_readiness_and_metrics_follow_the_requests() {
 async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() {
     let state = tempfile::tempdir().expect("temp dir");
     let dir = state.path().to_path_buf();
-    let host = Host::spawn_as(state, &tests::component_path(), &["--demo"]);
+    // A demo that does not move on while the page is compared with the verb.
+    let host = Host::spawn_as(state, &tests::component_path(), &["--demo", "--demo-every", "1h"]);
     let url = host.http_url().await;
     // The demo is written once the seat is held; wait for its four modules.
     let start = Instant::now();
@@ -125,6 +126,15 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
         .await;
     let seen: BTreeMap<String, String> = serde_json::from_value(seen).expect("cells");
     assert_eq!(seen, states(&verb), "what a person sees differs from the verb");
+    // The top causes above the grid, the first as `query causes` says it.
+    let out = std::process::Command::new(tests::nats::host_binary()).args(["query", "causes", "--json", "--state-dir"]).arg(&dir).output().expect("query runs");
+    let causes: Value = serde_json::from_slice(&out.stdout).expect("query causes --json prints JSON");
+    let top = &causes["entries"][0];
+    b.until("!document.getElementById('causes').hidden", Duration::from_secs(10)).await;
+    let first = b.eval("document.querySelector('#causes li.cause').firstChild.textContent").await;
+    let first = first.as_str().unwrap_or_default();
+    let names = format!("{} {}", top["kind"].as_str().unwrap_or("?"), top["names"].as_str().unwrap_or("?"));
+    assert!(first.starts_with(&names), "the page's top cause {first:?} is not the verb's {names:?}");
     // Each cell is coloured by its state.
     let classes = b.eval("[...document.querySelectorAll('td.cell')].every(td => td.classList.contains(td.firstChild.textContent))").await;
     assert_eq!(classes, json!(true));

@@ -49,7 +49,7 @@ fn each_module_held_shows_the_cause_that_holds_it() {
     let page = ask(&b, json!({"what":"causes"}));
     let expected: BTreeSet<(String, String)> = [
         ("provider_unassigned", "redis"),
-        ("value_missing", "mesh-config_values alpha.web.base_url"),
+        ("value_missing", "mesh-config_values config:base_url"),
         ("composition", "composed-gamma worker.k1"),
         ("no_domain", "widget"),
     ]
