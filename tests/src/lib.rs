@@ -117,6 +117,16 @@ fn status_kib(pid: u32, field: &str) -> u64 {
     s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// Each module's state in a status answer, by `<node>/<module>`.
+pub fn states_of(v: &Value) -> std::collections::BTreeMap<String, String> {
+    v["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
 /// At most the first 2000 characters of `s`, for a failure message.
 pub fn shorten(s: &str) -> String {
     match s.char_indices().nth(2000) {

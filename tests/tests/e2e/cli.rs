@@ -178,15 +178,7 @@ async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state
     }
     // Within a minute a module in each state of SPEC §7.1, and a rotation in progress: gamma/api
     // runs an older api_url than the one at its place, and never catches up.
-    let states = |out: &Output| -> std::collections::BTreeMap<String, String> {
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v["entries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string()))
-            .collect()
-    };
+    let states = |out: &Output| tests::states_of(&serde_json::from_slice(&out.stdout).unwrap_or_default());
     let every = ["never_ran", "pending", "nothing_needed", "applied", "degraded", "blocked"];
     let start = std::time::Instant::now();
     let seen = loop {

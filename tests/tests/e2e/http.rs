@@ -109,14 +109,7 @@ async fn the_status_page_shows_the_mesh_as_the_verb_says_it_in_a_real_browser() 
     let out = std::process::Command::new(tests::nats::host_binary()).args(["query", "status", "--json", "--state-dir"]).arg(&dir).output().expect("query runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let verb: Value = serde_json::from_slice(&out.stdout).expect("query --json prints JSON");
-    let states = |v: &Value| -> BTreeMap<String, String> {
-        v["entries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| (format!("{}/{}", e["node"].as_str().unwrap_or(""), e["module"].as_str().unwrap_or("")), e["state"].as_str().unwrap_or("").to_string()))
-            .collect()
-    };
+    let states = tests::states_of;
     assert_eq!(states(&status), states(&verb), "the page's data and the verb disagree");
 
     let mut b = Browser::open(&format!("{url}/"), 1200, 800).await;

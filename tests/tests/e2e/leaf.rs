@@ -85,7 +85,9 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
         if tests::keys(&v) == ["alpha.app.bound.postgres=2Edb"] {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "alpha's need never answered: {v}");
+        // Sourced from alpha's share into the bucket across the cluster: a source that restarts
+        // under load retries on the server's backoff.
+        assert!(start.elapsed() < Duration::from_secs(60), "alpha's need never answered: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (code, plan) = ask_verb(&alpha, "mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#).await.expect("the plan verb answers through the leaf");

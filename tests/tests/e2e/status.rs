@@ -181,23 +181,29 @@ async fn every_state_and_check_follows_the_mesh_as_it_changes() {
 
 /// A check the bus cannot answer now is `unknown`, never taken for `missing`: a three-server
 /// cluster loses two servers, so its JetStream meta group has no quorum and no listing of the
-/// buckets can be made; every bucket was moved onto the server that stays, so the host (on it,
-/// with a lease longer than the test) still answers from its mirrors, and the bucket it must
-/// look for is said unknown.
+/// buckets can be made; every bucket was moved onto the server that stays (the seat's too, so
+/// its lease is renewed), so the host on it still answers from its mirrors, and the bucket it
+/// must look for is said unknown.
 #[tokio::test]
 async fn a_bucket_the_bus_cannot_list_now_is_an_unknown_check() {
     let mut cluster = tests::nats::Cluster::start(3).await;
     for bucket in tests::nats::PLAN_BUCKETS.iter().map(|(_, b)| *b) {
         cluster.make_bucket(bucket).await;
     }
-    let mut host = Host::spawn(cluster.bus(0).url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "300s"]);
+    // A first host makes its own buckets (the registry, the states, the seat); it is gone before
+    // they all move, so the host that follows watches them where they stay.
+    let args = ["--seat-ttl", "3s"];
+    let bus = cluster.bus(0);
+    let c = bus.client("node-alpha").await;
+    let mut first = Host::spawn(bus.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &args);
+    first.wait_answering(&c).await;
+    first.stop().await;
+    cluster.pin_streams_to(0).await;
     let bus = cluster.bus(0);
     // A config value, whose bucket nobody has made.
     bus.put("node-alpha", NEEDS, "alpha.app.config.db_url", b"{}").await;
-    let c = bus.client("node-alpha").await;
+    let mut host = Host::spawn(bus.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &args);
     host.wait_answering(&c).await;
-    // The host's own buckets too (the registry, the states, the seat), now that it made them.
-    cluster.pin_streams_to(0).await;
     let reason = |s: &Value| s["needs"].as_array().and_then(|n| n.iter().find(|n| n["kind"] == "config")).map(|n| n["reason"].to_string()).unwrap_or_default();
     let s = until(&c, "alpha", "app", "the config bucket missing", |s| check(s, "config", "db_url") == "no_provider").await;
     assert!(reason(&s).contains(CONFIG), "{s}");

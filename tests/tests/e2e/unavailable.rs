@@ -69,11 +69,17 @@ async fn a_bus_whose_jetstream_lost_its_quorum_is_answered_503() {
     bus0.put("mesh-controller", "mesh-controller_assignments", "gamma.app", br#"{"want":"b9"}"#).await;
     // The host and the asker both talk to server 0, which stays up; killing the other two
     // leaves JetStream's meta group without a quorum while core NATS works.
-    let mut host = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--seat-ttl", "300s"]);
+    // A first host makes its own buckets; once it is gone, every bucket made so far moves onto
+    // server 0 alone, and the host that follows watches them there: its mirrors outlive the
+    // quorum (and its seat is renewed on server 0).
+    let args = ["--seat-ttl", "3s"];
     let client = bus0.client("node-alpha").await;
-    host.wait_answering(&client).await;
-    // Every bucket made so far moves onto server 0 alone: its mirrors outlive the quorum.
+    let mut first = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &args);
+    first.wait_answering(&client).await;
+    first.stop().await;
     cluster.pin_streams_to(0).await;
+    let mut host = Host::spawn(bus0.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &args);
+    host.wait_answering(&client).await;
     let start = Instant::now();
     while !matches!(ask_verb(&client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await, Ok((None, _))) {
         assert!(start.elapsed() < Duration::from_secs(30), "no plan answered after the move\n{}", host.log_text());
