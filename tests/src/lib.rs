@@ -117,6 +117,14 @@ fn status_kib(pid: u32, field: &str) -> u64 {
     s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// Held for its whole run by a test that loads both cores for long (the chaos run, a thousand
+/// modules, a bucket of 150 000 values): two of them never run at once, so neither starves the
+/// other's servers (a source starved under the chaos run's faults once stalled past its bound).
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
+
 /// Each module's state in a status answer, by `<node>/<module>`.
 pub fn states_of(v: &Value) -> std::collections::BTreeMap<String, String> {
     v["entries"]

@@ -4,6 +4,7 @@
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_equal_the_bus_after_every_fault_of_a_seeded_schedule() {
+    let _heavy = tests::heavy().await;
     let seed = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(16);
     let faults = std::env::var("CHAOS_FAULTS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let report = tests::chaos::run(seed, faults).await;

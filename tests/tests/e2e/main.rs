@@ -4,7 +4,7 @@
 //!
 //! A new test goes in the module of the behaviour it checks. No test here asserts a duration or
 //! a rate (those are benchmarks, `tests/benches`), and a negative check waits on a positive
-//! event first.
+//! event first. A test that loads both cores for long holds `tests::heavy()` while it runs.
 
 mod accounts;
 mod causes;

@@ -222,6 +222,7 @@ async fn a_snapshot_of_another_stream_or_a_damaged_or_foreign_file_is_refused_an
 
 #[tokio::test]
 async fn a_bucket_of_150_000_tiny_values_replays_in_sync_and_restarts_from_its_snapshot() {
+    let _heavy = tests::heavy().await;
     // A replay that outruns the one thread applying it must neither drop messages as a slow
     // consumer nor stall and start again. (The overflow of async-nats's default 65 536-message
     // buffer showed at 1M keys in the bus bench, with the release host; at this size the
