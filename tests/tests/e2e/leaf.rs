@@ -61,6 +61,11 @@ async fn heard(sub: &mut async_nats::Subscriber, within: Duration) -> Vec<Value>
     out
 }
 
+/// Longest a write acknowledged by a node's share may take to be sourced into its bucket across
+/// the cluster: a source whose consumer could not be made retries on nats-server's backoff,
+/// seen to take past a minute on two busy cores.
+const SOURCED_WITHIN: u64 = 150;
+
 #[tokio::test]
 async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_its_link() {
     let hub = Cluster::start_hub(3, true).await;
@@ -85,9 +90,9 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
         if tests::keys(&v) == ["alpha.app.bound.postgres=2Edb"] {
             break;
         }
-        // Sourced from alpha's share into the bucket across the cluster: a source that restarts
-        // under load retries on the server's backoff.
-        assert!(start.elapsed() < Duration::from_secs(60), "alpha's need never answered: {v}");
+        // Sourced from alpha's share into the bucket across the cluster: a source whose consumer
+        // could not be made retries on the server's backoff (seen to take past a minute).
+        assert!(start.elapsed() < Duration::from_secs(SOURCED_WITHIN), "alpha's need never answered: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (code, plan) = ask_verb(&alpha, "mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#).await.expect("the plan verb answers through the leaf");
@@ -144,7 +149,7 @@ async fn a_node_behind_its_leaf_asks_hears_and_writes_only_its_own_and_survives_
         if nodes.contains(&"alpha") && nodes.contains(&"beta") {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "the holders never listed alpha and beta: {v}");
+        assert!(start.elapsed() < Duration::from_secs(SOURCED_WITHIN), "the holders never listed alpha and beta: {v}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let rev_alpha = bound.put("alpha.app.db", r#"{"password":"one"}"#.into()).await.unwrap();
