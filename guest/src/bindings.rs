@@ -1,7 +1,7 @@
 //! The thin layer between the WIT world `provisioner` and the plain-Rust logic: imports become
 //! an [`Env`], exports call into the crate. No decision is made here.
 
-use crate::env::{Entry, Env, Health, HostError, Level, Page};
+use crate::env::{Entry, Env, Health, HostError, Level, Mark, Page, Reached};
 
 wit_bindgen::generate!({ world: "provisioner", path: "../wit" });
 
@@ -56,6 +56,12 @@ impl Env for Imports {
     fn health(&self, bucket: &str) -> Result<Health, HostError> {
         let h = store::health(bucket).map_err(host_error)?;
         Ok(Health { unsafe_settings: h.unsafe_settings, over_quota: h.over_quota.into_iter().map(|w| (w.writer, w.keys, w.bytes)).collect() })
+    }
+
+    fn reach(&self, marks: &[Mark], wait_ms: u32) -> Result<Vec<Reached>, HostError> {
+        let marks: Vec<store::Mark> = marks.iter().map(|m| store::Mark { name: m.name.clone(), revision: m.revision }).collect();
+        let reached = store::reach(&marks, wait_ms).map_err(host_error)?;
+        Ok(reached.into_iter().map(|r| Reached { name: r.name, asked: r.asked, revision: r.revision }).collect())
     }
 
     fn responders(&self, service: &str) -> Result<u32, HostError> {
@@ -122,6 +128,7 @@ impl api::Guest for Component {
             crate::verb::Code::BadRequest => api::ReplyCode::BadRequest,
             crate::verb::Code::Unavailable => api::ReplyCode::Unavailable,
             crate::verb::Code::Internal => api::ReplyCode::Internal,
+            crate::verb::Code::NotCurrent => api::ReplyCode::NotCurrent,
         };
         let revision = r.revision.map(|s| api::RevisionSlot { offset: s.offset, len: s.len, floor: s.floor, bucket: s.bucket.map(String::from) });
         api::Reply { code, body: r.body, revision }

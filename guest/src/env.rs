@@ -156,6 +156,28 @@ pub struct Health {
     pub over_quota: Vec<(String, u64, u64)>,
 }
 
+/// A revision an answer is to reflect (the WIT `mark`): a bucket's, or a node share's
+/// sequence; `None`: the one the bus holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    pub name: String,
+    pub revision: Option<u64>,
+}
+
+/// How far the mirrors reflect one [`Mark`] (the WIT `reached`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reached {
+    pub name: String,
+    pub asked: u64,
+    pub revision: u64,
+}
+
+impl Reached {
+    pub fn is_reached(&self) -> bool {
+        self.revision >= self.asked
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
     Trace,
@@ -174,6 +196,11 @@ pub trait Env {
     /// What is wrong with `bucket` besides its contents (nothing, unless a host says so).
     fn health(&self, _bucket: &str) -> Result<Health, HostError> {
         Ok(Health::default())
+    }
+    /// Waits until the mirrors reflect every mark or `wait_ms` ran out; how far each got. A host
+    /// whose reads are always current (an in-memory one) reaches every mark at once.
+    fn reach(&self, marks: &[Mark], _wait_ms: u32) -> Result<Vec<Reached>, HostError> {
+        Ok(marks.iter().map(|m| Reached { name: m.name.clone(), asked: m.revision.unwrap_or(0), revision: m.revision.unwrap_or(0) }).collect())
     }
     /// How many instances of the micro service `service` answer discovery now.
     fn responders(&self, service: &str) -> Result<u32, HostError>;

@@ -20,7 +20,7 @@ pub type Target = fn(&[u8]);
 /// but ok.
 fn answered(env: &dyn Env, verb: &str, body: &[u8], budget: u32) -> Value {
     let r = crate::verb::handle(env, verb, body, budget);
-    assert!(r.body.len() <= budget.max(crate::verb::MIN_REPLY) as usize, "a reply of {} bytes over a budget of {budget}", r.body.len());
+    assert!(r.body.len() <= budget.max(crate::verb::MIN_ANSWER) as usize, "a reply of {} bytes over a budget of {budget}", r.body.len());
     let v: Value = serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("a reply that is not JSON ({e}): {:?}", String::from_utf8_lossy(&r.body)));
     assert_eq!(r.code == crate::verb::Code::Ok, v.get("error").is_none(), "{v}");
     v

@@ -15,6 +15,7 @@ pub mod env;
 pub mod escape;
 #[cfg(all(test, feature = "fuzzing"))]
 mod every_page_fits;
+pub mod fresh;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod holders;
@@ -53,4 +54,4 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[cfg(feature = "fixture-v2")]
 pub const VERSION: &str = "0.2.0-fixture";
 /// The WIT package this guest implements.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.8.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.9.0";

@@ -15,10 +15,12 @@ pub enum Code {
     BadRequest,
     Unavailable,
     Internal,
+    /// The mirrors did not reach a revision the request asked for in time.
+    NotCurrent,
 }
 
 impl Code {
-    pub const ALL: [Code; 4] = [Code::Ok, Code::BadRequest, Code::Unavailable, Code::Internal];
+    pub const ALL: [Code; 5] = [Code::Ok, Code::BadRequest, Code::Unavailable, Code::Internal, Code::NotCurrent];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -26,6 +28,7 @@ impl Code {
             Code::BadRequest => "bad_request",
             Code::Unavailable => "unavailable",
             Code::Internal => "internal",
+            Code::NotCurrent => "not_current",
         }
     }
 }
@@ -56,7 +59,7 @@ impl Reply {
     /// bytes), the reply fits the smallest budget: a message whose escaped form is longer than
     /// [`MAX_MESSAGE`] is cut, on a character boundary, and ends with `…`.
     pub fn error(code: Code, message: &str) -> Reply {
-        let body = to_json(&ErrorBody { error: ErrorLine { code: code.name(), message: &within_message(message) } });
+        let body = to_json(&ErrorBody { error: ErrorLine { code: code.name(), message: &within_message(message), name: None, revision: None, asked: None } });
         Reply { code, body: body.into_bytes(), revision: None }
     }
 
@@ -100,10 +103,26 @@ pub(crate) struct ErrorLine<'a> {
     pub code: &'a str,
     /// Said for a person; the guest's are cut at 1 KiB.
     pub message: &'a str,
+    /// `not_current` only: the bucket or node share whose revision was not reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<&'a str>,
+    /// `not_current` only: the revision the mirrors reflect of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// `not_current` only: the revision the request asked for (or the bus held, for `consistent`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked: Option<u64>,
 }
 
-/// Smallest reply budget honoured: below this not even one out-of-shape line would fit.
+/// Smallest page budget honoured: below this not even one out-of-shape line would fit.
 pub const MIN_REPLY: u32 = 4096;
+
+/// The bytes a reply keeps for its `revisions` (a dozen buckets' names and revisions) past its
+/// page; more buckets take more, and the page is made again smaller.
+pub const REVISIONS_ROOM: u32 = 1024;
+
+/// Smallest reply budget honoured: a page of the smallest budget and its `revisions`.
+pub const MIN_ANSWER: u32 = MIN_REPLY + REVISIONS_ROOM;
 
 /// The most bytes an error message takes in a reply, escaped (well under [`MIN_REPLY`]).
 pub const MAX_MESSAGE: usize = 1024;

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::escape::{identifier_problem, name_problem, shorten};
+use crate::fresh::Fresh;
 
 /// Largest request body read; a request is a handful of short fields.
 pub const MAX_BODY: usize = 16 * 1024;
@@ -51,7 +52,7 @@ impl What {
     pub fn allows(self, field: &str) -> bool {
         matches!(
             (self, field),
-            (_, "what" | "limit" | "after")
+            (_, "what" | "limit" | "after" | "min_revision" | "wait" | "consistent")
                 | (What::Registry, "kind")
                 | (What::Needs, "node" | "module" | "kind")
                 | (What::Applied, "node" | "module")
@@ -79,6 +80,8 @@ pub struct Query {
     /// `status` only: start after every module of this node (a reader that shows a few of a
     /// node's modules skips the rest of them).
     pub after_node: Option<String>,
+    /// How fresh the answer is to be (`min_revision`, `wait`, `consistent`).
+    pub fresh: Fresh,
 }
 
 /// A JSON object read field by field, refusing a field given twice (serde_json would keep the
@@ -171,9 +174,21 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             other => return Err(format!("field `what` is {:?}; it is one of registry, needs, applied, collect, status, holders, causes", shorten(other))),
         },
     };
-    let mut q = Query { what, node: None, module: None, kind: None, collection: None, name: None, limit: MAX_LIMIT, after: None, after_node: None };
+    let mut q = Query {
+        what,
+        node: None,
+        module: None,
+        kind: None,
+        collection: None,
+        name: None,
+        limit: MAX_LIMIT,
+        after: None,
+        after_node: None,
+        fresh: Fresh::default(),
+    };
     for (field, v) in &fields {
-        if !matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "name" | "limit" | "after" | "after_node") {
+        let known = matches!(field.as_str(), "what" | "node" | "module" | "kind" | "collection" | "name" | "limit" | "after" | "after_node");
+        if !known && !crate::fresh::FIELDS.contains(&field.as_str()) {
             return Err(format!("unknown field {:?}", shorten(field)));
         }
         if !what.allows(field) {
@@ -200,9 +215,11 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
             "limit" => q.limit = limit(v)?,
             "after" => q.after = Some(after(v)?),
             "after_node" => q.after_node = Some(identifier_field(field, v)?),
-            _ => {}
+            "what" => {}
+            fresh => q.fresh.read(fresh, v)?,
         }
     }
+    q.fresh.check()?;
     if q.after.is_some() && q.after_node.is_some() {
         return Err("fields `after` and `after_node` are both given; a page starts after one of them".into());
     }
@@ -219,16 +236,24 @@ pub fn parse(body: &[u8]) -> Result<Query, String> {
 /// A request of the verb `mesh-provisioner.plan`: `node` and `module`, both required, both
 /// identifiers, nothing else.
 pub fn parse_plan(body: &[u8]) -> Result<(String, String), String> {
-    let (mut node, mut module) = (None, None);
+    parse_plan_fresh(body).map(|(node, module, _)| (node, module))
+}
+
+/// A request of the verb `mesh-provisioner.plan`: `node` and `module`, both required, both
+/// identifiers, and how fresh the plan is to be (`min_revision`, `wait`, `consistent`).
+pub fn parse_plan_fresh(body: &[u8]) -> Result<(String, String, Fresh), String> {
+    let (mut node, mut module, mut fresh) = (None, None, Fresh::default());
     for (field, v) in fields(body)? {
         match field.as_str() {
             "node" => node = Some(identifier_field(&field, &v)?),
             "module" => module = Some(identifier_field(&field, &v)?),
+            f if crate::fresh::FIELDS.contains(&f) => fresh.read(f, &v)?,
             other => return Err(format!("unknown field {:?}; a plan is asked by node and module", shorten(other))),
         }
     }
+    fresh.check()?;
     match (node, module) {
-        (Some(n), Some(m)) => Ok((n, m)),
+        (Some(n), Some(m)) => Ok((n, m, fresh)),
         (None, _) => Err("field `node` is required".into()),
         (_, None) => Err("field `module` is required".into()),
     }

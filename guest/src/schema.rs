@@ -34,17 +34,23 @@ pub fn all() -> Vec<(&'static str, Value)> {
         ("provisioning.request", provisioning_request()),
         (
             "provisioning.reply",
-            derived::<crate::verb::AnyAnswer>(
-                "provisioning.reply",
-                "An answer of mesh-provisioner.provisioning: a page of one bucket, of module states, or of a value's holders, as the request's `what` asks.",
+            with_revisions(
+                derived::<crate::verb::AnyAnswer>(
+                    "provisioning.reply",
+                    "An answer of mesh-provisioner.provisioning: a page of one bucket, of module states, or of a value's holders, as the request's `what` asks.",
+                ),
+                &["BucketPage", "StatusPage", "HoldersPage", "CausesPage"],
             ),
         ),
         ("plan.request", plan_request()),
         (
             "plan.reply",
-            derived::<crate::plan::PlanAnswer>(
-                "plan.reply",
-                "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.",
+            with_revisions(
+                derived::<crate::plan::PlanAnswer>(
+                    "plan.reply",
+                    "An answer of mesh-provisioner.plan: a module's plan, the builds it was read at and each need's provision.",
+                ),
+                &[],
             ),
         ),
         (
@@ -70,6 +76,29 @@ pub fn all() -> Vec<(&'static str, Value)> {
             ),
         ),
     ]
+}
+
+/// `schema` with `revisions` (SPEC §5), which `fresh::answer` ends every answer with, in each
+/// answer object: the `$defs` named, or the root when none is.
+fn with_revisions(mut schema: Value, answers: &[&str]) -> Value {
+    let revisions = json!({
+        "type": "object",
+        "additionalProperties": { "type": "integer", "minimum": 0 },
+        "description": "each bucket the answer read, with the newest revision of it the reads saw: the answer reflects at least that (an answer kept and served again says the revisions it was made with)",
+    });
+    let objects: Vec<&mut Value> = match answers {
+        [] => vec![&mut schema],
+        names => match schema.get_mut("$defs").and_then(Value::as_object_mut) {
+            Some(defs) => defs.iter_mut().filter(|(name, _)| names.contains(&name.as_str())).map(|(_, v)| v).collect(),
+            None => Vec::new(),
+        },
+    };
+    for o in objects {
+        if let Some(props) = o.get_mut("properties").and_then(Value::as_object_mut) {
+            props.insert("revisions".into(), revisions.clone());
+        }
+    }
+    schema
 }
 
 fn settings() -> SchemaGenerator {
@@ -121,10 +150,10 @@ fn provisioning_request() -> Value {
                 json!({ "type": "integer", "minimum": 1, "description": format!("page size; above {MAX_LIMIT} it is clamped to {MAX_LIMIT}, the default") })
             }
             "after" => json!({ "type": "string", "minLength": 1, "maxLength": MAX_AFTER, "description": "a `next` this server handed out" }),
-            _ => json!(false),
+            fresh => fresh_field(fresh),
         }
     };
-    let fields = ["node", "module", "kind", "collection", "name", "limit", "after", "after_node"];
+    let fields = ["node", "module", "kind", "collection", "name", "limit", "after", "after_node", "min_revision", "wait", "consistent"];
     let variants: Vec<Value> = What::ALL
         .iter()
         .map(|w| {
@@ -143,6 +172,7 @@ fn provisioning_request() -> Value {
             if w.allows("after_node") {
                 variant["not"] = json!({ "required": ["after", "after_node"] });
             }
+            variant["dependentSchemas"] = wait_needs_a_mark();
             variant
         })
         .collect();
@@ -156,14 +186,48 @@ fn provisioning_request() -> Value {
     v
 }
 
-/// The request of `mesh-provisioner.plan`: a node and a module, nothing else.
+/// A field of read-your-writes (`fresh::FIELDS`), as `fresh::Fresh::read` reads it.
+fn fresh_field(field: &str) -> Value {
+    use crate::fresh::{DEFAULT_WAIT_MS, MAX_MARKS, MAX_WAIT_MS};
+    match field {
+        "min_revision" => json!({
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": MAX_MARKS,
+            "propertyNames": { "pattern": IDENTIFIER_PATTERN, "maxLength": MAX_NAME_BYTES },
+            "additionalProperties": { "type": "integer", "minimum": 0 },
+            "description": "read-your-writes: each bucket, or node share (`NODE_<node>`, whose sequence a node's writes to its own keys are acknowledged with), and the revision the answer is to reflect at least",
+        }),
+        "wait" => json!({
+            "type": "string",
+            "pattern": "^[0-9]{1,9}([.][0-9]{1,3})?(ms|s)$",
+            "description": format!("how long `min_revision` or `consistent` may wait for the mirrors (default {DEFAULT_WAIT_MS} ms; above {MAX_WAIT_MS} ms it is clamped)"),
+        }),
+        "consistent" => json!({ "type": "boolean", "description": "reflect the revision each bucket read holds on the bus when the request came" }),
+        _ => json!(false),
+    }
+}
+
+/// `wait` only with something to wait for: a `min_revision`, or `consistent` true.
+fn wait_needs_a_mark() -> Value {
+    json!({ "wait": { "anyOf": [{ "required": ["min_revision"] }, { "required": ["consistent"], "properties": { "consistent": { "const": true } } }] } })
+}
+
+/// The request of `mesh-provisioner.plan`: a node and a module, and how fresh the plan is to be.
 fn plan_request() -> Value {
     let mut v = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
-        "properties": { "node": identifier(), "module": identifier() },
+        "properties": {
+            "node": identifier(),
+            "module": identifier(),
+            "min_revision": fresh_field("min_revision"),
+            "wait": fresh_field("wait"),
+            "consistent": fresh_field("consistent"),
+        },
         "required": ["node", "module"],
         "additionalProperties": false,
+        "dependentSchemas": wait_needs_a_mark(),
     });
     root(&mut v, "plan.request", "A request of mesh-provisioner.plan.");
     v

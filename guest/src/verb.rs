@@ -7,6 +7,7 @@
 
 use crate::env::{Entry, EntryRef, Env, HostError, Page};
 use crate::escape::encode;
+use crate::fresh;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
 use crate::reply::{page, PageBudget};
 use crate::request::{self, Query, What};
@@ -19,7 +20,7 @@ use serde_json::value::RawValue;
 pub const PROVISIONING: &str = "mesh-provisioner.provisioning";
 pub const PLAN: &str = "mesh-provisioner.plan";
 
-pub use crate::reply::{Code, Reply, MAX_MESSAGE, MIN_REPLY};
+pub use crate::reply::{Code, Reply, MAX_MESSAGE, MIN_ANSWER, MIN_REPLY};
 
 /// Any answer of the verb, as its schema says it: which one is the request's `what`'s.
 #[cfg(feature = "schema")]
@@ -42,11 +43,15 @@ pub fn handle(env: &dyn Env, verb: &str, body: &[u8], max_reply: u32) -> Reply {
     match verb {
         PROVISIONING => match request::parse(body) {
             Err(why) => Reply::error(Code::BadRequest, &why),
-            Ok(q) => provisioning(env, &q, max_reply.max(MIN_REPLY) as usize).unwrap_or_else(Reply::from_host),
+            Ok(q) => {
+                fresh::answer(env, &q.fresh, max_reply.max(MIN_ANSWER) as usize, &|env, budget| provisioning(env, &q, budget).unwrap_or_else(Reply::from_host))
+            }
         },
-        PLAN => match request::parse_plan(body) {
+        PLAN => match request::parse_plan_fresh(body) {
             Err(why) => Reply::error(Code::BadRequest, &why),
-            Ok((node, module)) => plan(env, &node, &module, max_reply.max(MIN_REPLY) as usize).unwrap_or_else(Reply::from_host),
+            Ok((node, module, f)) => {
+                fresh::answer(env, &f, max_reply.max(MIN_ANSWER) as usize, &|env, budget| plan(env, &node, &module, budget).unwrap_or_else(Reply::from_host))
+            }
         },
         other => Reply::error(Code::BadRequest, &format!("unknown verb {:?}", crate::escape::shorten(other))),
     }

@@ -82,7 +82,7 @@ pub async fn ask(backend: Arc<dyn Backend>, body: &[u8]) -> (ReplyCode, Value) {
 
 pub async fn ask_with(backend: Arc<dyn Backend>, body: &[u8], max_reply: u32) -> (ReplyCode, Value) {
     let reply = guest().handle(backend, Limits::default(), "mesh-provisioner.provisioning", body, max_reply).await.expect("the guest answers");
-    assert!(reply.body.len() <= max_reply.max(4096) as usize, "reply of {} bytes over {max_reply}", reply.body.len());
+    assert!(reply.body.len() <= max_reply.max(guest::verb::MIN_ANSWER) as usize, "reply of {} bytes over {max_reply}", reply.body.len());
     let v: Value = serde_json::from_slice(&reply.body).expect("the reply is JSON");
     schema::check(if reply.code == ReplyCode::Ok { "provisioning.reply" } else { "error" }, &v);
     (reply.code, v)

@@ -123,6 +123,10 @@ pub struct Metrics {
     pub request_seconds: Seconds,
     pub guest_call_seconds: Family<Export, Histogram, fn() -> Histogram>,
     pub instances: Counter,
+    /// Calls waiting now for the mirrors to reach a revision a request asked for.
+    pub reach_waiting: Gauge,
+    /// Waits for the mirrors that ended, by outcome (`reached`, `not_reached`, `not_waited`).
+    pub reach_waits: Family<Outcome, Counter>,
     pub swaps: Counter,
     pub refusals: Counter,
     pub seat_holder: Gauge,
@@ -178,6 +182,8 @@ impl Metrics {
             request_seconds: Family::new_with_constructor(latency),
             guest_call_seconds: Family::new_with_constructor(latency),
             instances: Counter::default(),
+            reach_waiting: Gauge::default(),
+            reach_waits: Family::default(),
             swaps: Counter::default(),
             refusals: Counter::default(),
             seat_holder: Gauge::default(),
@@ -223,6 +229,16 @@ impl Metrics {
         registry.register("request_duration_seconds", "Time from a verb request's receipt to its reply sent", m.request_seconds.clone());
         registry.register("guest_call_duration_seconds", "Time of one call into the guest component, by export", m.guest_call_seconds.clone());
         registry.register("guest_instances_created", "Guest instances made (each call reuses a kept one when it can)", m.instances.clone());
+        registry.register(
+            "reach_waiting",
+            "Calls waiting now for the mirrors to reach a revision a request asked for (min_revision, consistent)",
+            m.reach_waiting.clone(),
+        );
+        registry.register(
+            "reach_waits",
+            "Waits for the mirrors, by outcome: reached, not_reached, not_waited (every permit to wait was taken)",
+            m.reach_waits.clone(),
+        );
         registry.register("component_swaps", "Components hot-replaced in", m.swaps.clone());
         registry.register("component_refusals", "Components refused on upgrade (the running one kept serving)", m.refusals.clone());
         registry.register("seat_holder", "1 while this instance holds the seat, 0 while it stands by", m.seat_holder.clone());

@@ -38,6 +38,7 @@ pub mod events;
 mod follow;
 mod listing;
 pub mod mesh;
+mod reach;
 pub mod seat;
 mod watch;
 mod writes;
@@ -142,6 +143,8 @@ pub struct NatsBackend {
     state_changes: Arc<Changes>,
     events: Arc<crate::nats::events::Events>,
     kept: KeptPlans,
+    /// Round trips asking where a bucket stands on the bus (consistent reads), shared.
+    flights: reach::Flights,
 }
 
 impl NatsBackend {
@@ -179,6 +182,7 @@ impl NatsBackend {
             state_changes: Arc::new(Changes::new()),
             events: Arc::new(crate::nats::events::Events::new()),
             kept,
+            flights: reach::Flights::default(),
         }))
     }
 
@@ -327,6 +331,14 @@ impl Backend for NatsBackend {
 
     fn quota(&self) -> Quota {
         self.options.quota
+    }
+
+    fn bus_revision<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.bus_revision_of(bucket))
+    }
+
+    fn reach<'a>(&'a self, name: &'a str, want: u64, until: Instant) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.reach_mark(name, want, until))
     }
 
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {

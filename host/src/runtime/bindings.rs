@@ -41,6 +41,11 @@ impl types::Host for Ctx {
 
 type R<T> = Result<T, Error>;
 
+/// The most marks one `store.reach` may name (the guest asks at most a bucket for each read).
+const MAX_MARKS: usize = 256;
+/// The longest wait `store.reach` honours, in milliseconds.
+const MAX_WAIT_MS: u32 = 10_000;
+
 /// What an import leaves of a call's time, so the guest can still answer with the import's
 /// error (a `503`) rather than be interrupted at the deadline itself.
 const IMPORT_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
@@ -85,6 +90,46 @@ impl store::Host for Ctx {
 
     async fn exists(&mut self, bucket: String) -> R<bool> {
         Ok(mirror(self, &bucket, Reach::nothing()).await?.exists())
+    }
+
+    async fn reach(&mut self, marks: Vec<store::Mark>, wait_ms: u32) -> R<Vec<store::Reached>> {
+        // A reply made after a wait holds what the bus held then, not what a kept reply's reads say.
+        self.reads = None;
+        if marks.len() > MAX_MARKS {
+            return Err(Error::new(ErrorKind::Invalid, format!("{} marks asked at once; at most {MAX_MARKS}", marks.len())));
+        }
+        // Past the permits, a call looks once and answers: a requester asking for revisions far
+        // ahead cannot hold every call in flight for the longest wait.
+        let permit = self.waiting.clone().try_acquire_owned().ok();
+        let wait = if permit.is_some() { std::time::Duration::from_millis(u64::from(wait_ms.min(MAX_WAIT_MS))) } else { std::time::Duration::ZERO };
+        let until = std::time::Instant::now() + wait;
+        // The wait is the requester's to ask: the call may run past its deadline by it, no more.
+        self.deadline = self.deadline.max(until + self.time_limit);
+        let backend = self.backend.clone();
+        let asked = futures::future::try_join_all(marks.iter().map(|m| {
+            let backend = backend.clone();
+            async move {
+                match m.revision {
+                    Some(r) => Ok(r),
+                    None => backend.bus_revision(&m.name).await,
+                }
+            }
+        }));
+        let asked = within_deadline(self.deadline, || "asking the bus where its buckets stand".into(), asked).await?;
+        let metrics = crate::base::metrics::metrics();
+        metrics.reach_waiting.inc();
+        let reached = futures::future::try_join_all(marks.iter().zip(&asked).map(|(m, &want)| backend.reach(&m.name, want, until)));
+        let reached = within_deadline(self.deadline, || "the wait for the mirrors".into(), reached).await;
+        metrics.reach_waiting.dec();
+        drop(permit);
+        let reached = reached?;
+        let outcome = match (wait.is_zero() && wait_ms > 0, reached.iter().zip(&asked).all(|(r, a)| r >= a)) {
+            (true, _) => "not_waited",
+            (false, true) => "reached",
+            (false, false) => "not_reached",
+        };
+        metrics.reach_waits.get_or_create(&crate::base::metrics::Outcome { outcome: outcome.into() }).inc();
+        Ok(marks.into_iter().zip(asked).zip(reached).map(|((m, asked), revision)| store::Reached { name: m.name, asked, revision }).collect())
     }
 
     async fn health(&mut self, bucket: String) -> R<store::BucketHealth> {

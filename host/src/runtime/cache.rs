@@ -303,7 +303,7 @@ impl ReplyCache {
             crate::base::metrics::metrics().reply_cache_stale("(not kept: read what no replay could)");
             return;
         };
-        if matches!(reply.code, super::ReplyCode::Unavailable) {
+        if matches!(reply.code, super::ReplyCode::Unavailable | super::ReplyCode::NotCurrent) {
             return;
         }
         // One entry per mirror, at its oldest version read, reaching all its reads reached; a

@@ -71,6 +71,10 @@ pub struct EngineOptions {
     /// The memory all instances together may hold (pooled and in flight): one budget for the
     /// guests, whatever each call's own limit (see [`Budget`]).
     pub memory_total: usize,
+    /// Calls that may wait for the mirrors (`store.reach`) at once; the others look once and
+    /// answer, so requests asking for revisions far ahead hold no more than these of the calls
+    /// in flight.
+    pub waiters: usize,
 }
 
 /// The guests' memory budget: the linear memory every live instance of a runtime holds, kept
@@ -111,7 +115,7 @@ impl Default for EngineOptions {
         // ~2.5 µs of every call's mean (27.4 µs against 25.0 at 4096). The guest keeps no state
         // between calls, and its heap is capped by `keep_below` (a kept instance holds ~1 MiB):
         // the count only bounds how long any one instance lives.
-        EngineOptions { pooling: false, reuse: 4096, keep_below: 16 << 20, reply_cache: true, memory_total: 1 << 30 }
+        EngineOptions { pooling: false, reuse: 4096, keep_below: 16 << 20, reply_cache: true, memory_total: 1 << 30, waiters: 32 }
     }
 }
 
@@ -128,6 +132,11 @@ pub struct Ctx {
     calls: u32,
     /// When the current call must have finished.
     deadline: std::time::Instant,
+    /// How long a call may run: a wait for the mirrors (`store.reach`) moves the deadline to this
+    /// long after the wait.
+    time_limit: Duration,
+    /// Permits to wait for the mirrors, shared by the runtime's calls.
+    waiting: Arc<tokio::sync::Semaphore>,
     /// What a verb call read, for the reply cache; `None` outside verb calls and once a call
     /// did something a kept reply could not repeat.
     reads: Option<Vec<cache::Read>>,
@@ -197,6 +206,8 @@ pub struct Runtime {
     linker: Arc<Linker<Ctx>>,
     options: EngineOptions,
     budget: Arc<Budget>,
+    /// Permits to wait for the mirrors ([`EngineOptions::waiters`]).
+    waiting: Arc<tokio::sync::Semaphore>,
     _ticker: Arc<Ticker>,
 }
 
@@ -245,7 +256,8 @@ impl Runtime {
             })
             .map_err(|e| Error::new(ErrorKind::Config, format!("epoch thread: {e}")))?;
         let budget = Arc::new(Budget { used: AtomicUsize::new(0), total: options.memory_total });
-        Ok(Runtime { engine, linker: Arc::new(linker), options, budget, _ticker: Arc::new(Ticker(stop)) })
+        let waiting = Arc::new(tokio::sync::Semaphore::new(options.waiters));
+        Ok(Runtime { engine, linker: Arc::new(linker), options, budget, waiting, _ticker: Arc::new(Ticker(stop)) })
     }
 
     /// The guests' memory budget, shared by every component this runtime loads.
@@ -399,6 +411,8 @@ impl Guest {
                     backend,
                     calls: 0,
                     deadline: std::time::Instant::now() + limits.deadline,
+                    time_limit: limits.deadline,
+                    waiting: self.runtime.waiting.clone(),
                     reads: None,
                 };
                 let mut store = Store::new(&self.runtime.engine, ctx);
@@ -418,6 +432,7 @@ impl Guest {
             }
         };
         instance.store.data_mut().deadline = std::time::Instant::now() + limits.deadline;
+        instance.store.data_mut().time_limit = limits.deadline;
         instance.store.data_mut().reads = None;
         instance.store.set_epoch_deadline(1);
         Ok(instance)

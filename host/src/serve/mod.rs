@@ -56,6 +56,8 @@ pub async fn run(args: Serve) -> Result<()> {
     let runtime = Runtime::with_options(crate::runtime::EngineOptions {
         reply_cache: !args.no_reply_cache,
         memory_total: (args.guest_memory_total as usize) << 20,
+        // Half the calls in flight may wait for the mirrors; the rest answer what they hold.
+        waiters: (args.max_in_flight as usize / 2).max(1),
         ..Default::default()
     })?;
     let cache = args.connect.state_dir.join("components");

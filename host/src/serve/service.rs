@@ -352,6 +352,7 @@ fn status_of(code: ReplyCode) -> (&'static str, u16, &'static str) {
     match code {
         ReplyCode::BadRequest => ("bad request", 400, "bad_request"),
         ReplyCode::Unavailable => ("unavailable", 503, "unavailable"),
+        ReplyCode::NotCurrent => ("not current", 503, "not_current"),
         _ => ("internal error", 500, "internal"),
     }
 }

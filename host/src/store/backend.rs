@@ -51,6 +51,19 @@ pub trait Backend: Send + Sync + 'static {
     fn quota(&self) -> crate::store::mirror::Quota {
         crate::store::mirror::Quota::default()
     }
+
+    /// The revision `bucket` holds at its source now (0: it does not exist), asked after this
+    /// call: what a consistent read must reflect. A backend without a bus: its mirror's.
+    fn bus_revision<'a>(&'a self, bucket: &'a str) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move { Ok(self.mirror(bucket).await?.revision()) })
+    }
+
+    /// Waits, until `until`, for the mirrors to reflect revision `want` of `name` (a bucket, or
+    /// where the backend has them, a node's share), and says how far they got.
+    fn reach<'a>(&'a self, name: &'a str, want: u64, until: std::time::Instant) -> BoxFuture<'a, Result<u64>> {
+        let _ = (want, until);
+        Box::pin(async move { Ok(self.mirror(name).await?.revision()) })
+    }
 }
 
 /// A count of a service's responders, and how long it stays the count a fresh question gets.

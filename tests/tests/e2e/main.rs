@@ -14,6 +14,7 @@ mod connect;
 mod dashboards;
 mod drift;
 mod events;
+mod fresh;
 mod holders;
 mod http;
 mod http_guard;

@@ -192,7 +192,31 @@ fn field() -> impl Strategy<Value = (&'static str, Value)> {
     ];
     let limits = prop_oneof![Just(json!(0)), Just(json!(1)), Just(json!(1000)), Just(json!(5000)), Just(json!(-1)), Just(json!("10"))];
     let afters = prop_oneof![Just(json!("")), Just(json!("alpha.app")), Just(json!("x".repeat(4096))), Just(json!("x".repeat(4097))), Just(json!(3))];
+    let marks = prop_oneof![
+        Just(json!({"mesh-provisioner_needs": 42})),
+        Just(json!({"NODE_alpha": 0, "composed-alpha": 7})),
+        Just(json!({})),
+        Just(json!({"a.b": 1})),
+        Just(json!({"NODE_alpha": -1})),
+        Just(json!({"NODE_alpha": 1.5})),
+        Just(json!(Value::Object((0..17).map(|i| (format!("b{i}"), json!(1))).collect()))),
+        Just(json!([1])),
+    ];
+    let waits = prop_oneof![
+        Just(json!("250ms")),
+        Just(json!("1.5s")),
+        Just(json!("999999999s")),
+        Just(json!("1.2.3s")),
+        Just(json!(".5s")),
+        Just(json!("1234567890ms")),
+        Just(json!("3")),
+        Just(json!(3)),
+    ];
+    let consistent = prop_oneof![Just(json!(true)), Just(json!(false)), Just(json!("true"))];
     prop_oneof![
+        marks.prop_map(|v| ("min_revision", v)),
+        waits.prop_map(|v| ("wait", v)),
+        consistent.prop_map(|v| ("consistent", v)),
         whats.prop_map(|v| ("what", v)),
         text.clone().prop_map(|v| ("node", v)),
         text.clone().prop_map(|v| ("module", v)),

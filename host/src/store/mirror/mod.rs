@@ -225,6 +225,9 @@ pub struct Mirror {
     /// Moves whenever the contents are replaced or emptied whole (adopted, cleared, refused,
     /// missing): a reader walking the mirror in steps (a snapshot) knows its walk saw one copy.
     generation: AtomicU64,
+    /// The streams the bucket sources (a shared bucket's nodes' shares), each with its filter,
+    /// as its stream's configuration said when the follower last opened it.
+    sources: Mutex<Vec<(Box<str>, Box<str>)>>,
 }
 
 /// How long what was read in a mirror stays what a read now would find (the reply cache).
@@ -277,6 +280,16 @@ impl Mirror {
         m.set_ready(true);
         let _ = m.once.set(holds);
         m
+    }
+
+    /// Notes the streams the bucket sources, each with its subject filter.
+    pub fn set_sources(&self, sources: Vec<(Box<str>, Box<str>)>) {
+        *self.sources.locked() = sources;
+    }
+
+    /// The subject filter through which the bucket sources the stream `name`, if it does.
+    pub fn source_filter(&self, name: &str) -> Option<Box<str>> {
+        self.sources.locked().iter().find(|(n, _)| &**n == name).map(|(_, f)| f.clone())
     }
 
     /// Marks the mirror as no longer served by its backend (its version moves too).
