@@ -81,6 +81,44 @@ async fn wait_for(c: &Client, node: &str, module: usize) {
 /// The sized echo's reply, set to the verb's reply before each measurement.
 type Sized = Arc<std::sync::Mutex<bytes::Bytes>>;
 
+/// A node's write, then its read at once: 300 times asking by the share's new sequence (the
+/// wait's round trips, nothing kept), 300 times plain (which may miss the write); each ask's
+/// time against the echo's p50 measured alongside.
+async fn write_then_read(bus: &Bus, c: &Client) {
+    let (mut fresh, mut plain, mut missed) = (Vec::new(), Vec::new(), 0);
+    // One connection writes, as a node's client does; each write a module's only need.
+    let kv = bus.js("node-alpha").await.get_key_value(NEEDS).await.expect("node-alpha binds the needs bucket");
+    for i in 0..600 {
+        let key = format!("alpha.w{i}.config.x");
+        let seq = kv.put(&key, "{}".into()).await.expect("the write is acknowledged");
+        let body = match i % 2 {
+            0 => format!(r#"{{"what":"needs","node":"alpha","module":"w{i}","min_revision":{{"NODE_alpha":{seq}}}}}"#),
+            _ => format!(r#"{{"what":"needs","node":"alpha","module":"w{i}"}}"#),
+        };
+        let t = Instant::now();
+        let m = c.request("mesh-provisioner.provisioning", body.into_bytes().into()).await.expect("the verb answers");
+        let took = t.elapsed();
+        let answered_it = String::from_utf8_lossy(&m.payload).contains(&format!("\"{key}\""));
+        match i % 2 {
+            0 => {
+                assert!(answered_it, "a read naming NODE_alpha {seq} without the write: {:?}", String::from_utf8_lossy(&m.payload));
+                fresh.push(took);
+            }
+            _ => {
+                missed += usize::from(!answered_it);
+                plain.push(took);
+            }
+        }
+    }
+    let mut echo = latencies(c, ECHO, b"{}", 1000).await;
+    let e50 = pct(&mut echo, 0.5);
+    let (f50, f99, p50) = (pct(&mut fresh, 0.5), pct(&mut fresh, 0.99), pct(&mut plain, 0.5));
+    println!(
+        "write then read: by share sequence p50 {:.0} µs = {:.2}× echo ({:.2}× the plain read), p99 {:.0} µs | plain p50 {:.0} µs = {:.2}× echo, missed its own write {missed} of 300 | echo p50 {:.0} µs",
+        us(f50), f50.as_secs_f64() / e50.as_secs_f64(), f50.as_secs_f64() / p50.as_secs_f64(), us(f99), us(p50), p50.as_secs_f64() / e50.as_secs_f64(), us(e50)
+    );
+}
+
 /// The verb `verb` against the echoes, at p50 and p99, then under 32 requesters.
 async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8]) {
     let n = 3000;
@@ -386,6 +424,16 @@ async fn main() {
     wait_for(&c, "alpha", 999).await;
     println!("needs at 10 000 keys (host RSS {} MiB)", tests::rss_kib(pid) / 1024);
     measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
+    // Read-your-writes, the same query: naming the node's share at its last acknowledged write
+    // (reached at once: two direct gets a shared bucket, then the answer), and consistent (the
+    // bus's revision of the bucket read, one STREAM.INFO shared by the requests meanwhile).
+    let seq = bus.put("node-alpha", NEEDS, "alpha.m000420.config.fresh", b"{}").await;
+    let fresh = format!(r#"{{"what":"needs","node":"alpha","module":"m000420","min_revision":{{"NODE_alpha":{seq}}}}}"#);
+    measure("10k min_revision", &c, &sized, "mesh-provisioner.provisioning", fresh.as_bytes()).await;
+    let consistent = br#"{"what":"needs","node":"alpha","module":"m000420","consistent":true}"#;
+    measure("10k consistent", &c, &sized, "mesh-provisioner.provisioning", consistent).await;
+    measure("10k plain again", &c, &sized, "mesh-provisioner.provisioning", query).await;
+    write_then_read(&bus, &c).await;
     // BENCH_QUICK: the needs query, its narrowings and the cold start only.
     let full = std::env::var_os("BENCH_QUICK").is_none();
     if full {

@@ -58,7 +58,24 @@ fn request(q: &Query) -> (&'static str, Value) {
     if let Some(l) = q.limit {
         body["limit"] = json!(l);
     }
+    if q.consistent {
+        body["consistent"] = json!(true);
+    }
+    if !q.min_revision.is_empty() {
+        let marks: serde_json::Map<String, Value> = q.min_revision.iter().map(|(name, n)| (name.clone(), json!(n))).collect();
+        body["min_revision"] = Value::Object(marks);
+    }
+    if let Some(w) = q.wait {
+        body["wait"] = json!(format!("{}ms", w.as_millis()));
+    }
     (verb, body)
+}
+
+/// `NAME=REVISION` of `--min-revision`.
+fn parse_mark(s: &str) -> std::result::Result<(String, u64), String> {
+    let (name, revision) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=REVISION (e.g. NODE_alpha=42)"))?;
+    let revision = revision.parse::<u64>().map_err(|e| format!("{s:?}: the revision {revision:?} is not a whole number: {e}"))?;
+    Ok((name.to_string(), revision))
 }
 
 /// Keeps the status entries in their state since `cutoff` or before (a module whose state the
@@ -490,6 +507,18 @@ pub struct Query {
     pub limit: Option<u64>,
     #[arg(long)]
     pub after: Option<String>,
+    /// Answer over what the bus holds now: each bucket read at least at the revision it had
+    /// when the request came (the server waits for its mirrors, or says `not_current`).
+    #[arg(long)]
+    pub consistent: bool,
+    /// Read-your-writes: the answer reflects at least this revision of a bucket, or of a node's
+    /// share (`NODE_<node>=<sequence its write was acknowledged with>`); repeatable.
+    #[arg(long, value_name = "NAME=REVISION", value_parser = parse_mark)]
+    pub min_revision: Vec<(String, u64)>,
+    /// How long `--consistent` or `--min-revision` may wait for the server's mirrors (the
+    /// server's default 2s, at most 10s).
+    #[arg(long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
     /// Follow `next` and print every page.
     #[arg(long)]
     pub all: bool,

@@ -105,11 +105,12 @@ impl NatsBackend {
             }
             return Ok(m.revision());
         }
-        let mut through = want;
-        for (bucket, mirror, filter) in shared {
-            through = through.min(self.share_reach(bucket, &mirror, name, &filter, want, until).await?);
-        }
-        Ok(through)
+        // Whether the share has got to `want` at all, asked once and only when a bucket does not
+        // show it already (a sequence asked before the share got to it is not reached).
+        let got_there = AtomicBool::new(false);
+        let buckets = shared.iter().map(|(bucket, mirror, filter)| self.share_reach(bucket, mirror, name, filter, want, until, &got_there));
+        let through = futures::future::try_join_all(buckets).await?;
+        Ok(through.into_iter().min().unwrap_or(want))
     }
 
     /// The shared buckets that source the stream `name`, each with its mirror and its filter.
@@ -130,10 +131,14 @@ impl NatsBackend {
     /// How far `mirror` (of the shared `bucket`) reflects the share `share`, waiting for it to
     /// reach `want` until `until`: `want` when it does; else the share's sequence the bucket is
     /// known to hold and the mirror to reflect (0 when the mirror is behind even that).
-    async fn share_reach(&self, bucket: &str, mirror: &Mirror, share: &str, filter: &str, want: u64, until: Instant) -> Result<u64> {
+    #[allow(clippy::too_many_arguments)]
+    async fn share_reach(&self, bucket: &str, mirror: &Mirror, share: &str, filter: &str, want: u64, until: Instant, got_there: &AtomicBool) -> Result<u64> {
+        if mirror.held_through(share) >= want {
+            return Ok(want);
+        }
         loop {
             let (at, sourced) = self.last_sourced(bucket, filter, share).await?;
-            let complete = sourced >= want || (self.none_between(share, filter, sourced, want).await? && self.holds_up_to(share, want).await?);
+            let complete = sourced >= want || (self.none_between(share, filter, sourced, want).await? && self.got_to(share, want, got_there).await?);
             if complete {
                 while mirror.revision() < at && Instant::now() < until {
                     tokio::time::sleep(POLL).await;
@@ -141,10 +146,14 @@ impl NatsBackend {
             }
             let reflected = mirror.revision() >= at;
             if complete && reflected {
+                mirror.note_held_through(share, want);
                 return Ok(want);
             }
+            if reflected {
+                mirror.note_held_through(share, sourced.min(want));
+            }
             if Instant::now() >= until {
-                return Ok(if reflected { sourced.min(want) } else { 0 });
+                return Ok(if reflected { sourced.min(want) } else { mirror.held_through(share) });
             }
             tokio::time::sleep(SHARE_POLL).await;
         }
@@ -165,6 +174,18 @@ impl NatsBackend {
     async fn none_between(&self, share: &str, filter: &str, after: u64, want: u64) -> Result<bool> {
         let body = serde_json::json!({ "seq": after.saturating_add(1), "next_by_subj": filter });
         Ok(self.direct_get(share, body).await?.is_none_or(|(seq, _)| seq > want))
+    }
+
+    /// [`Self::holds_up_to`], asked once a wait (of all its buckets) once it said yes.
+    async fn got_to(&self, share: &str, want: u64, known: &AtomicBool) -> Result<bool> {
+        if known.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let got = self.holds_up_to(share, want).await?;
+        if got {
+            known.store(true, Ordering::Release);
+        }
+        Ok(got)
     }
 
     /// Whether `share` has acknowledged a write at `want` or later (a sequence asked before the

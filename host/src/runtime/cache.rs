@@ -182,7 +182,14 @@ pub struct ReplyCache {
     flights: Mutex<HashMap<u64, tokio::sync::watch::Receiver<()>>>,
     /// Requests waiting now for another call's answer.
     waiting: std::sync::atomic::AtomicUsize,
+    /// Requests (by hash) whose last answer could not be kept (a read-your-writes wait, a kept
+    /// plan read from its file): the same request arriving while one is answered calls the
+    /// guest at once, since waiting for that answer would find nothing kept.
+    unkept: Mutex<std::collections::HashSet<u64>>,
 }
+
+/// Most requests remembered as not kept: past it, the set starts again empty.
+const MAX_UNKEPT: usize = 4096;
 
 /// The one call answering a request while others wait; they are released when it is dropped,
 /// however the call ends.
@@ -224,6 +231,9 @@ impl ReplyCache {
     /// (`Err`) — the caller then looks in the cache again and calls the guest only on a miss.
     pub async fn fly(&self, verb: &str, body: &[u8], max_reply: u32, limit: std::time::Duration) -> Result<Flight<'_>, ()> {
         let hash = self.hash(verb, body, max_reply);
+        if self.unkept.locked().contains(&hash) {
+            return Err(());
+        }
         let mut waiting = {
             let mut flights = self.flights.locked();
             match flights.get(&hash) {
@@ -299,10 +309,17 @@ impl ReplyCache {
 
     /// Keeps `reply` with what the call read (`None`: it did something a replay could not).
     pub fn put(&self, backend: &Arc<dyn Backend>, verb: &str, body: &[u8], max_reply: u32, reply: &Reply, reads: Option<Vec<Read>>) {
+        let hash = self.hash(verb, body, max_reply);
         let Some(mut reads) = reads else {
             crate::base::metrics::metrics().reply_cache_stale("(not kept: read what no replay could)");
+            let mut unkept = self.unkept.locked();
+            if unkept.len() >= MAX_UNKEPT {
+                unkept.clear();
+            }
+            unkept.insert(hash);
             return;
         };
+        self.unkept.locked().remove(&hash);
         if matches!(reply.code, super::ReplyCode::Unavailable | super::ReplyCode::NotCurrent) {
             return;
         }
@@ -337,7 +354,6 @@ impl ReplyCache {
             }
         }
         let size = body.len() + reply.body.len() + verb.len();
-        let hash = self.hash(verb, body, max_reply);
         let mut kept = self.kept.locked();
         if kept.entries >= MAX_ENTRIES || kept.bytes + size > MAX_BYTES {
             crate::base::metrics::metrics().reply_cache_stale("(all dropped: the cache was full)");
@@ -353,5 +369,30 @@ impl ReplyCache {
                 kept.bytes += size;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::backend::MemoryBackend;
+
+    #[tokio::test]
+    async fn a_request_whose_answer_was_not_kept_never_waits_for_another() {
+        let cache = ReplyCache::default();
+        let backend: Arc<dyn Backend> = MemoryBackend::new();
+        let long = std::time::Duration::from_secs(3600);
+        let reply = Reply { code: super::super::ReplyCode::Ok, body: bytes::Bytes::from_static(b"{}"), revision: None };
+        let Ok(leader) = cache.fly("v", b"{\"consistent\":true}", 8192, long).await else { panic!("the first leads") };
+        // Its answer could not be kept (it waited for the mirrors): the same request, while
+        // another is answered, is let through at once rather than held for the hour.
+        cache.put(&backend, "v", b"{\"consistent\":true}", 8192, &reply, None);
+        let next = tokio::time::timeout(std::time::Duration::from_secs(60), cache.fly("v", b"{\"consistent\":true}", 8192, long)).await;
+        assert!(matches!(next, Ok(Err(()))), "let through, not led and not held");
+        assert_eq!(cache.waiting(), 0);
+        drop(leader);
+        // Kept once: the request flies again as any other.
+        cache.put(&backend, "v", b"{\"consistent\":true}", 8192, &reply, Some(Vec::new()));
+        assert!(cache.fly("v", b"{\"consistent\":true}", 8192, long).await.is_ok(), "leads again");
     }
 }

@@ -43,6 +43,23 @@ async fn query_prints_a_table_with_odd_keys_and_exits_non_zero_on_an_error_reply
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("bad_request (400)") && t.contains("not an identifier"), "{t}");
+
+    // Read-your-writes: a write asked for at once by its share's sequence is in the answer.
+    let seq = bus.put("node-alpha", "mesh-provisioner_needs", "alpha.app.config.fresh", b"{}").await;
+    let mark = format!("NODE_alpha={seq}");
+    let out = run(&[&["query", "needs", "--node", "alpha", "--min-revision", mark.as_str(), "--json"][..], &conn].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert!(tests::keys(&v).contains(&"alpha.app.config.fresh".to_string()), "{v}");
+    let out = run(&[&["query", "needs", "--node", "alpha", "--consistent", "--json"][..], &conn].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert!(v["revisions"]["mesh-provisioner_needs"].as_u64().is_some_and(|r| r > 0), "{v}");
+    let ahead = format!("NODE_alpha={}", seq + 1000);
+    let out = run(&[&["query", "needs", "--node", "alpha", "--min-revision", ahead.as_str(), "--wait", "100ms"][..], &conn].concat());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("not_current") && t.contains(&format!("not yet {}", seq + 1000)), "{t}");
+    let out = run(&[&["query", "needs", "--min-revision", "NODE_alpha"][..], &conn].concat());
+    assert!(!out.status.success() && text(&out).contains("is not NAME=REVISION"), "{}", text(&out));
     host.stop().await;
 }
 

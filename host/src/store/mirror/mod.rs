@@ -228,6 +228,9 @@ pub struct Mirror {
     /// The streams the bucket sources (a shared bucket's nodes' shares), each with its filter,
     /// as its stream's configuration said when the follower last opened it.
     sources: Mutex<Vec<(Box<str>, Box<str>)>>,
+    /// For each stream it sources, the sequence through which the mirror is known to hold its
+    /// messages (found on the bus by a read-your-writes wait, kept so the next needs no trip).
+    held_through: Mutex<HashMap<Box<str>, u64>>,
 }
 
 /// How long what was read in a mirror stays what a read now would find (the reply cache).
@@ -290,6 +293,23 @@ impl Mirror {
     /// The subject filter through which the bucket sources the stream `name`, if it does.
     pub fn source_filter(&self, name: &str) -> Option<Box<str>> {
         self.sources.locked().iter().find(|(n, _)| &**n == name).map(|(_, f)| f.clone())
+    }
+
+    /// The sequence of the sourced stream `name` the mirror is known to hold every message
+    /// of, up to (0: none known).
+    pub fn held_through(&self, name: &str) -> u64 {
+        self.held_through.locked().get(name).copied().unwrap_or(0)
+    }
+
+    /// Notes that the mirror holds every message of the sourced stream `name` up to `sequence`.
+    pub fn note_held_through(&self, name: &str, sequence: u64) {
+        let mut held = self.held_through.locked();
+        match held.get_mut(name) {
+            Some(s) => *s = (*s).max(sequence),
+            None => {
+                held.insert(name.into(), sequence);
+            }
+        }
     }
 
     /// Marks the mirror as no longer served by its backend (its version moves too).
@@ -681,6 +701,8 @@ impl Mirror {
     /// Empties the mirror before a resync, revision included: the bucket may have been deleted
     /// and made again, and a new stream's revisions start again from 1.
     pub fn clear(&self) {
+        // Emptied (its bucket gone, refused): what it held of its sources is known no more.
+        self.held_through.locked().clear();
         let mut s = self.write();
         s.revision = 0;
         s.origin = None;
