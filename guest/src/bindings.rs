@@ -130,7 +130,7 @@ impl api::Guest for Component {
             crate::verb::Code::Internal => api::ReplyCode::Internal,
             crate::verb::Code::NotCurrent => api::ReplyCode::NotCurrent,
         };
-        let revision = r.revision.map(|s| api::RevisionSlot { offset: s.offset, len: s.len, floor: s.floor, bucket: s.bucket.map(String::from) });
+        let revision = r.revision.map(|s| api::RevisionSlot { offset: s.offset, len: s.len, floor: s.floor, bucket: s.bucket.map(String::from), copy: s.copy });
         api::Reply { code, body: r.body, revision }
     }
 

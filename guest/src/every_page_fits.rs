@@ -5,7 +5,7 @@
 
 use crate::keys::{APPLIED, ASSIGNMENTS, COLLECT, NEEDS, REGISTRY};
 use crate::mem_env::MemEnv;
-use crate::verb::{handle, Code, MIN_REPLY, PROVISIONING};
+use crate::verb::{handle, Code, MIN_ANSWER, PROVISIONING};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -76,7 +76,7 @@ proptest! {
     fn every_page_of_every_what_fits_the_smallest_budgets(
         items in proptest::collection::vec(item(), 0..300),
         ask in asks(),
-        budget in prop_oneof![Just(MIN_REPLY), MIN_REPLY..MIN_REPLY + 3000],
+        budget in prop_oneof![Just(MIN_ANSWER), MIN_ANSWER..MIN_ANSWER + 3000],
     ) {
         let env = mesh(&items);
         let mut q = ask.clone();

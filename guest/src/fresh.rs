@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::env::{Entry, Env, Health, HostError, Level, Mark, Page, Reached};
 use crate::escape::{identifier_problem, shorten};
-use crate::reply::{Code, ErrorBody, ErrorLine, Reply, MIN_REPLY, REVISIONS_ROOM};
+use crate::reply::{Code, ErrorBody, ErrorLine, Reply, RevisionSlot, MIN_REPLY, REVISIONS_ROOM, REVISION_DIGITS};
 use crate::value::{to_json, write_str};
 
 /// How long a request waits for the mirrors unless it says (`wait`).
@@ -136,29 +136,43 @@ pub fn answer(env: &dyn Env, fresh: &Fresh, budget: usize, compute: &dyn Fn(&dyn
     if reply.code != Code::Ok {
         return reply;
     }
-    let mut told = revisions(&read);
-    if told.len() > room {
+    slot_said(&reply, &mut read);
+    let mut told = revisions(&read, slot_bucket(&reply));
+    if told.0.len() > room {
         // More buckets than the room kept: answer again with room for them all.
-        room = told.len();
+        room = told.0.len();
         if budget < MIN_REPLY as usize + room {
-            return Reply::error(
-                Code::Internal,
-                &format!("the revisions of the {} buckets read take {room} bytes, more than a reply of {budget} leaves", read.len()),
-            );
+            let why = format!("the revisions of the {} buckets read take {room} bytes, more than a reply of {budget} leaves", read.len());
+            return Reply::error(Code::Internal, &why);
         }
         (reply, read) = recorded(env, budget, room, compute);
-        told = revisions(&read);
         if reply.code != Code::Ok {
             return reply;
         }
-        if told.len() > room {
-            return Reply::error(
-                Code::Internal,
-                &format!("the revisions of the {} buckets read take {} bytes, more than the {room} kept", read.len(), told.len()),
-            );
+        slot_said(&reply, &mut read);
+        told = revisions(&read, slot_bucket(&reply));
+        if told.0.len() > room {
+            let why = format!("the revisions of the {} buckets read take {} bytes, more than the {room} kept", read.len(), told.0.len());
+            return Reply::error(Code::Internal, &why);
         }
     }
-    ends_with(reply, &told)
+    ends_with(reply, &told, budget)
+}
+
+/// The bucket whose revision the reply says where (its slot), if any.
+fn slot_bucket(reply: &Reply) -> Option<&'static str> {
+    reply.revision.as_ref().and_then(|slot| slot.bucket)
+}
+
+/// `read` with the slot's bucket at the revision the body says: the two are said alike, so a
+/// host rewriting one (a kept reply served after writes elsewhere) rewrites the other.
+fn slot_said(reply: &Reply, read: &mut BTreeMap<String, u64>) {
+    let Some(slot) = &reply.revision else { return };
+    let (Some(bucket), at) = (slot.bucket, slot.offset as usize) else { return };
+    let said = reply.body.get(at..at + slot.len as usize).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| d.parse::<u64>().ok());
+    if let Some(revision) = said {
+        read.insert(bucket.to_string(), revision);
+    }
 }
 
 /// The answer over an env that records each bucket read, within `budget` less `room` (never
@@ -189,30 +203,45 @@ pub fn not_current(r: &Reached, wait_ms: u32) -> Reply {
     Reply { code: Code::NotCurrent, body: body.into_bytes(), revision: None }
 }
 
-/// `,"revisions":{…}`, as it ends a reply.
-fn revisions(read: &BTreeMap<String, u64>) -> String {
+/// `,"revisions":{…}`, as it ends a reply, and where in it the revision of `slot` (a bucket)
+/// is written.
+fn revisions(read: &BTreeMap<String, u64>, slot: Option<&str>) -> (String, Option<usize>) {
     let mut out = String::with_capacity(16 + read.keys().map(|b| b.len() + 24).sum::<usize>());
     out.push_str(",\"revisions\":{");
+    let mut at = None;
     for (i, (bucket, revision)) in read.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         write_str(&mut out, bucket);
         out.push(':');
+        if slot == Some(bucket.as_str()) {
+            at = Some(out.len());
+        }
         out.push_str(&revision.to_string());
     }
     out.push('}');
-    out
+    (out, at)
 }
 
 /// `reply`'s JSON object with `told` before its closing brace (nothing before it moves, so a
-/// revision slot still points at its digits).
-fn ends_with(mut reply: Reply, told: &str) -> Reply {
-    if reply.body.last() == Some(&b'}') {
-        reply.body.pop();
-        reply.body.extend_from_slice(told.as_bytes());
-        reply.body.push(b'}');
+/// revision slot still points at its digits), the slot told where its copy is — or dropped when
+/// both rewritten to a revision of any length could pass `budget` (the reply is then kept only
+/// while nothing it read changed).
+fn ends_with(mut reply: Reply, told: &(String, Option<usize>), budget: usize) -> Reply {
+    if reply.body.last() != Some(&b'}') {
+        return reply;
     }
+    let base = reply.body.len() - 1;
+    reply.body.pop();
+    reply.body.extend_from_slice(told.0.as_bytes());
+    reply.body.push(b'}');
+    let size = reply.body.len();
+    let fits = |len: u32| size + 2 * REVISION_DIGITS.saturating_sub(len as usize) <= budget;
+    reply.revision = match (reply.revision.take(), told.1) {
+        (Some(slot), Some(at)) if fits(slot.len) => Some(RevisionSlot { copy: Some((base + at) as u32), ..slot }),
+        _ => None,
+    };
     reply
 }
 

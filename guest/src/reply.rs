@@ -49,10 +49,12 @@ pub struct RevisionSlot {
     pub len: u32,
     pub floor: u64,
     pub bucket: Option<&'static str>,
+    /// Where the same digits are said again, after `offset` (the answer's `revisions` entry).
+    pub copy: Option<u32>,
 }
 
 /// The most digits a `u64` takes: the room a rewritten revision may need.
-const REVISION_DIGITS: usize = 20;
+pub(crate) const REVISION_DIGITS: usize = 20;
 
 impl Reply {
     /// An error reply. However long `message` is (it may quote a requester's or a writer's
@@ -76,7 +78,7 @@ impl Reply {
         if len == 0 || self.body.len() - len + REVISION_DIGITS > budget {
             return self;
         }
-        self.revision = Some(RevisionSlot { offset: prefix.len() as u32, len: len as u32, floor, bucket });
+        self.revision = Some(RevisionSlot { offset: prefix.len() as u32, len: len as u32, floor, bucket, copy: None });
         self
     }
 

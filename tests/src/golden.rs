@@ -75,6 +75,13 @@ pub fn differences(actual: &Map<String, Value>, whole: bool) -> Vec<String> {
     let mut out = Vec::new();
     for (step, modules) in actual {
         for (module, plan) in modules.as_object().into_iter().flatten() {
+            // The revisions each answer read are the bus's numbering, not the plan: checked by
+            // the read-your-writes tests, left out of the plans compared here.
+            let mut plan = plan.clone();
+            if let Some(o) = plan.as_object_mut() {
+                o.remove("revisions");
+            }
+            let plan = &plan;
             let want = &expected.get(step).and_then(|m| m.get(module));
             match want {
                 Some(w) if *w == plan => {}

@@ -23,9 +23,13 @@ use crate::base::error::{Error, ErrorKind, Result};
 use crate::nats::bucket::{bounded, stream_info, SHARED_BUCKETS};
 use crate::store::mirror::Mirror;
 
-/// How often a wait looks again at a mirror, or at a share's sourcing.
+/// How often a wait looks again at a mirror (in memory).
 const POLL: Duration = Duration::from_millis(2);
-const SHARE_POLL: Duration = Duration::from_millis(5);
+/// How long a wait for a share's sourcing pauses before it asks the bus again: the first pause,
+/// doubled after each look, up to the longest (a wait for a sequence far ahead costs the bus a
+/// few direct gets a second, not hundreds).
+const SHARE_POLL: Duration = Duration::from_millis(1);
+const SHARE_POLL_MAX: Duration = Duration::from_millis(64);
 
 /// The header a sourced message carries: the source's (index) name and sequence, first.
 const STREAM_SOURCE: &str = "Nats-Stream-Source";
@@ -136,6 +140,7 @@ impl NatsBackend {
         if mirror.held_through(share) >= want {
             return Ok(want);
         }
+        let mut pause = SHARE_POLL;
         loop {
             let (at, sourced) = self.last_sourced(bucket, filter, share).await?;
             let complete = sourced >= want || (self.none_between(share, filter, sourced, want).await? && self.got_to(share, want, got_there).await?);
@@ -155,7 +160,8 @@ impl NatsBackend {
             if Instant::now() >= until {
                 return Ok(if reflected { sourced.min(want) } else { mirror.held_through(share) });
             }
-            tokio::time::sleep(SHARE_POLL).await;
+            tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+            pause = (pause * 2).min(SHARE_POLL_MAX);
         }
     }
 

@@ -151,14 +151,29 @@ impl Kept {
         let body = &self.reply.body;
         let end = at.checked_add(len).filter(|&end| end <= body.len())?;
         let digits = revision.max(slot.floor).to_string();
-        if body.len() - len + digits.len() > self.max_reply as usize {
+        // The same digits said again further on (the answer's `revisions`), rewritten alike.
+        let copy = match slot.copy.map(|c| c as usize) {
+            Some(c) => Some(Some(c).filter(|&c| c >= end && c.checked_add(len).is_some_and(|e| e <= body.len()))?),
+            None => None,
+        };
+        let places = 1 + usize::from(copy.is_some());
+        let size = body.len() - places * len + places * digits.len();
+        if size > self.max_reply as usize {
             return None;
         }
-        let mut new = Vec::with_capacity(body.len() - len + digits.len());
+        let mut new = Vec::with_capacity(size);
         new.extend_from_slice(&body[..at]);
         new.extend_from_slice(digits.as_bytes());
-        new.extend_from_slice(&body[end..]);
-        let revision = Some(RevisionSlot { len: digits.len() as u32, ..slot.clone() });
+        match copy {
+            Some(c) => {
+                new.extend_from_slice(&body[end..c]);
+                new.extend_from_slice(digits.as_bytes());
+                new.extend_from_slice(&body[c + len..]);
+            }
+            None => new.extend_from_slice(&body[end..]),
+        }
+        let moved = |c: u32| (c as usize + digits.len() - len) as u32;
+        let revision = Some(RevisionSlot { len: digits.len() as u32, copy: slot.copy.map(moved), ..slot.clone() });
         Some(Reply { code: self.reply.code, body: new.into(), revision })
     }
 }
