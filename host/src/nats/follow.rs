@@ -69,10 +69,7 @@ impl NatsBackend {
     /// next state decision) right after a write reads its own write.
     pub(super) async fn settle(&self, bucket: &str, revision: u64) {
         if let Ok(m) = self.mirror_of(bucket).await {
-            let start = Instant::now();
-            while m.revision() < revision && start.elapsed() < Duration::from_secs(2) {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            super::reach::caught_up(&m, revision, Instant::now() + Duration::from_secs(2), Duration::from_millis(1)).await;
         }
     }
 }

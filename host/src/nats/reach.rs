@@ -104,9 +104,7 @@ impl NatsBackend {
         let shared = self.sourcing(name).await?;
         if shared.is_empty() {
             let m = self.mirror_of(name).await?;
-            while m.revision() < want && Instant::now() < until {
-                tokio::time::sleep(POLL).await;
-            }
+            caught_up(&m, want, until, POLL).await;
             return Ok(m.revision());
         }
         // Whether the share has got to `want` at all, asked once and only when a bucket does not
@@ -144,12 +142,7 @@ impl NatsBackend {
         loop {
             let (at, sourced) = self.last_sourced(bucket, filter, share).await?;
             let complete = sourced >= want || (self.none_between(share, filter, sourced, want).await? && self.got_to(share, want, got_there).await?);
-            if complete {
-                while mirror.revision() < at && Instant::now() < until {
-                    tokio::time::sleep(POLL).await;
-                }
-            }
-            let reflected = mirror.revision() >= at;
+            let reflected = if complete { caught_up(mirror, at, until, POLL).await } else { mirror.revision() >= at };
             if complete && reflected {
                 mirror.note_held_through(share, want);
                 return Ok(want);
@@ -226,6 +219,15 @@ impl NatsBackend {
             None => Err(Error::new(ErrorKind::Corrupt, format!("a direct get on {stream} answered without a {SEQUENCE} header"))),
         }
     }
+}
+
+/// Waits, looking every `poll`, until `mirror` reaches `revision` or `until` passes; whether it
+/// reached it.
+pub(super) async fn caught_up(mirror: &Mirror, revision: u64, until: Instant, poll: Duration) -> bool {
+    while mirror.revision() < revision && Instant::now() < until {
+        tokio::time::sleep(poll).await;
+    }
+    mirror.revision() >= revision
 }
 
 /// The sequence of `share` a sourced message came from, by its `Nats-Stream-Source` header:
