@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::commands::accounts::Accounts;
 use crate::commands::bootstrap::Bootstrap;
 use crate::commands::inspect::{Check, Keygen, RegistryCmd, Sign};
 use crate::commands::query::Query;
@@ -40,6 +41,10 @@ pub enum Command {
     /// operator's credentials, before anything is installed), and makes safe the ones made
     /// before; refuses (exit 1) a stream of a bucket's name that is not a bucket.
     Bootstrap(Bootstrap),
+    /// Renders the mesh's accounts from its nodes and providers: a static server config, or
+    /// (`--operator`) JWTs signed with nkeys and a creds file per user; `--push` sends them to
+    /// a running server's resolver.
+    Accounts(Accounts),
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@
 //! Folders by role, each using only those below it (ARCHITECTURE.md's layers): [`cli`] names
 //! the commands; [`commands`] (run from a terminal) and [`serve`] (the server and its tasks);
 //! [`nats`] (the bus); [`runtime`] (the component); [`store`] (mirrors, snapshots, kept plans);
-//! [`base`] (errors, files, locks, escaping, metrics, wire names).
+//! [`accounts`] (the mesh's accounts rendered); [`base`] (errors, files, locks, escaping,
+//! metrics, wire names).
 
+pub mod accounts;
 pub mod base;
 pub mod cli;
 pub mod commands;

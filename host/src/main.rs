@@ -24,6 +24,7 @@ async fn main() -> std::process::ExitCode {
         Command::Check(args) => done(mesh_provisioner::commands::inspect::check(&args.component).await),
         Command::Keygen(args) => done(mesh_provisioner::runtime::trust::keygen(&args.secret).map(|public| println!("{public}"))),
         Command::Bootstrap(args) => done(mesh_provisioner::commands::bootstrap::run(args).await),
+        Command::Accounts(args) => done(mesh_provisioner::commands::accounts::run(args).await),
         Command::Sign(args) => done(mesh_provisioner::commands::inspect::sign(&args.key, &args.component).await),
     };
     match result {

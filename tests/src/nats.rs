@@ -37,6 +37,34 @@ impl Bus {
         Self::start_with(mesh_provisioner::nats::bucket::BucketLimits::default(), Share::default()).await
     }
 
+    /// A fresh server in operator mode (the example mesh's accounts signed, each user logging
+    /// in with its creds), its shared buckets made as [`Bus::start`] makes them.
+    pub async fn start_operator() -> Bus {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = Server::start_operator(dir.path(), None, "").await.expect("nats-server starts in operator mode");
+        let bus = Bus { server, dir };
+        make_shared(&bus.js(OPERATOR).await, mesh_provisioner::nats::bucket::BucketLimits::default(), Share::default(), 1).await;
+        bus
+    }
+
+    /// The directory of an operator-mode bus's accounts (keys, JWTs, creds).
+    pub fn accounts_dir(&self) -> PathBuf {
+        self.dir.path().join("accounts")
+    }
+
+    /// The creds file of `user` on an operator-mode bus.
+    pub fn creds_file(&self, user: &str) -> Option<PathBuf> {
+        self.access().creds(user).map(|_| self.accounts_dir().join("creds").join(format!("{user}.creds")))
+    }
+
+    /// Connect options as `user`: its creds on an operator-mode bus, else its password; its own
+    /// inbox prefix.
+    pub fn options(&self, user: &str) -> ConnectOptions {
+        mesh_provisioner::nats::connect::embedded_options(self.access(), user, "test")
+            .unwrap_or_else(|e| panic!("{user}'s login: {e}"))
+            .connection_timeout(Duration::from_secs(10))
+    }
+
     /// A fresh server with no bucket made: for what tests `bootstrap` itself.
     pub async fn start_bare() -> Bus {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -55,10 +83,14 @@ impl Bus {
     /// Stops the server and starts it again on the same port, store and passwords.
     pub async fn restart(self, down_for: Duration) -> Bus {
         let Bus { server, dir } = self;
-        let (port, passwords) = (server.port, server.access.passwords.clone());
+        let (port, passwords, signed) = (server.port, server.access.passwords.clone(), !server.access.creds.is_empty());
         server.stop().await;
         tokio::time::sleep(down_for).await;
-        let server = Server::start(dir.path(), Some(port), Some(passwords)).await.expect("nats-server restarts");
+        let server = if signed {
+            Server::start_operator(dir.path(), Some(port), "").await.expect("nats-server restarts in operator mode")
+        } else {
+            Server::start(dir.path(), Some(port), Some(passwords)).await.expect("nats-server restarts")
+        };
         Bus { server, dir }
     }
 
@@ -98,12 +130,7 @@ impl Bus {
         // A loaded machine can miss a connect deadline; a few tries keep that from failing a test.
         let mut last = String::new();
         for _ in 0..5 {
-            match ConnectOptions::with_user_and_password(user.into(), self.password(user))
-                .custom_inbox_prefix(inbox_of(user))
-                .connection_timeout(Duration::from_secs(10))
-                .connect(self.url())
-                .await
-            {
+            match self.options(user).connect(self.url()).await {
                 Ok(c) => return c,
                 Err(e) => last = e.to_string(),
             }
@@ -117,9 +144,8 @@ impl Bus {
     pub async fn watched(&self, user: &str) -> (Client, Denials) {
         let denials = Denials::default();
         let seen = denials.0.clone();
-        let client = ConnectOptions::with_user_and_password(user.into(), self.password(user))
-            .custom_inbox_prefix(inbox_of(user))
-            .connection_timeout(Duration::from_secs(10))
+        let client = self
+            .options(user)
             .event_callback(move |event| {
                 let seen = seen.clone();
                 async move {
@@ -237,11 +263,23 @@ pub async fn make_shared(js: &jetstream::Context, limits: mesh_provisioner::nats
 /// Whose passwords a host is started with.
 pub trait Passwords {
     fn password(&self, user: &str) -> String;
+
+    /// The `serve` flags that log `user` in, each prefixed with `prefix` (`""` or `"service-"`).
+    fn login(&self, user: &str, prefix: &str) -> Vec<String> {
+        vec![format!("--{prefix}user"), user.to_string(), format!("--{prefix}password"), self.password(user)]
+    }
 }
 
 impl Passwords for Bus {
     fn password(&self, user: &str) -> String {
         Bus::password(self, user)
+    }
+
+    fn login(&self, user: &str, prefix: &str) -> Vec<String> {
+        match self.creds_file(user) {
+            Some(path) => vec![format!("--{prefix}creds"), path.display().to_string()],
+            None => vec![format!("--{prefix}user"), user.to_string(), format!("--{prefix}password"), self.password(user)],
+        }
     }
 }
 
@@ -302,7 +340,7 @@ impl Cluster {
         let ports: Vec<(u16, u16)> =
             (0..n).map(|_| (mesh_provisioner::nats::embedded::free_port().unwrap(), mesh_provisioner::nats::embedded::free_port().unwrap())).collect();
         let passwords: Vec<(String, String)> =
-            mesh_provisioner::nats::embedded::USERS.iter().map(|(_, u)| (u.to_string(), mesh_provisioner::base::random::random_password().unwrap())).collect();
+            mesh_provisioner::nats::embedded::users().into_iter().map(|(_, u)| (u, mesh_provisioner::base::random::random_password().unwrap())).collect();
         let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
@@ -576,9 +614,10 @@ impl Host {
     /// Starts the host against `url` (comma-separated for a cluster) without waiting, as the
     /// example config's provisioner: its buckets' user and the user that serves the verbs.
     pub fn spawn(url: &str, passwords: &dyn Passwords, state: TempDir, component: &std::path::Path, extra: &[&str]) -> Host {
-        let (password, service) = (passwords.password("mesh-provisioner"), passwords.password("mesh-provisioner-service"));
-        let mut args = vec!["--nats-url", url, "--user", "mesh-provisioner", "--password", &password];
-        args.extend_from_slice(&["--service-user", "mesh-provisioner-service", "--service-password", &service]);
+        let mut owned = vec!["--nats-url".to_string(), url.to_string()];
+        owned.extend(passwords.login("mesh-provisioner", ""));
+        owned.extend(passwords.login("mesh-provisioner-service", "service-"));
+        let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
         Self::spawn_as(state, component, &args)
     }

@@ -24,6 +24,21 @@ pub fn matches(pattern: &[&str], key: &str) -> bool {
     tokens.next().is_none()
 }
 
+/// Whether every subject `subject` matches is matched by `pattern` (both may hold wildcards):
+/// how an import is checked against an export.
+pub fn contains(pattern: &str, subject: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(t)) if t != ">" => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// A key or filter as NATS would accept it: non-empty tokens of printable ASCII without spaces;
 /// wildcards only in filters, `>` only last. Every key of a replay and of a snapshot passes
 /// here: each token is read once, byte by byte, and judged in the order the reasons are given.
@@ -117,6 +132,15 @@ pub fn notice_subject(node: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_export_contains_the_imports_within_it_and_no_wider() {
+        assert!(contains("$KV.*.>", "$KV.mesh-provisioner_needs.alpha.>"));
+        assert!(contains("a.*", "a.*") && contains("a.>", "a.*.c") && contains("a.b", "a.b"));
+        assert!(!contains("a.*", "a.>"), "`*` holds one token, `>` may be more");
+        assert!(!contains("a.*.>", "a.b"), "`>` needs a token");
+        assert!(!contains("a.b", "a.*") && !contains("a.b", "a.b.c") && !contains("a.b.c", "a.b"));
+    }
 
     #[test]
     fn publishes_only_to_a_node_token() {

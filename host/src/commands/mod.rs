@@ -1,7 +1,8 @@
 //! The operator's commands, run from a terminal and ended with an exit code: `query` (and its `causes`),
-//! `verify`, `registry`/`check`/`sign`, `bootstrap`. Each module owns its command's flags and
+//! `verify`, `registry`/`check`/`sign`, `bootstrap`, `accounts`. Each module owns its command's flags and
 //! its `run`; they ask the running server or the bus, and never share a task with `serve`.
 
+pub mod accounts;
 pub mod bootstrap;
 pub mod causes;
 pub mod inspect;

@@ -92,11 +92,15 @@ impl<'a> Login<'a> {
         }
     }
 
-    /// The inbox prefix a user of the example config may subscribe under: `_INBOX_<user>`, or
-    /// `default_user`'s when the login names no user.
+    /// The inbox prefix a user of the example config may subscribe under: `_INBOX_<user>`, the
+    /// user a creds file's JWT names, or `default_user`'s when the login names no user.
     pub fn inbox(&self, default_user: &str) -> String {
         match self {
             Login::User(u, _) => inbox_of(u),
+            Login::Creds(path) => {
+                let named = std::fs::read_to_string(path).ok().and_then(|text| crate::accounts::jwt::user_of_creds(&text));
+                inbox_of(named.as_deref().unwrap_or(default_user))
+            }
             _ => inbox_of(default_user),
         }
     }
@@ -184,10 +188,15 @@ pub async fn connect_cli(c: &Connect, name: &str) -> Result<Client> {
     }
 }
 
-/// Connect options as `user` of the embedded server that `access` records, with that user's own
-/// inbox prefix (a user it has no password for gets none, and the server refuses it).
-pub fn embedded_options(access: &Access, user: &str, name: &str) -> ConnectOptions {
-    ConnectOptions::with_user_and_password(user.into(), access.password(user).unwrap_or_default().into()).custom_inbox_prefix(inbox_of(user)).name(name)
+/// Connect options as `user` of the embedded server that `access` records (its creds in
+/// operator mode, else its password), with that user's own inbox prefix (a user it has no
+/// password for gets none, and the server refuses it).
+pub fn embedded_options(access: &Access, user: &str, name: &str) -> Result<ConnectOptions> {
+    let options = match access.creds(user) {
+        Some(creds) => ConnectOptions::with_credentials(creds).map_err(|e| Error::new(ErrorKind::Config, format!("the recorded creds of {user}: {e}")))?,
+        None => ConnectOptions::with_user_and_password(user.into(), access.password(user).unwrap_or_default().into()),
+    };
+    Ok(options.custom_inbox_prefix(inbox_of(user)).name(name))
 }
 
 /// Connects to the embedded server recorded in the state directory as `user`.
@@ -198,10 +207,10 @@ pub async fn connect_embedded(c: &Connect, user: &str, name: &str) -> Result<Cli
     crate::base::files::owned_and_private(&Access::path(&c.state_dir))
         .map_err(|why| Error::new(ErrorKind::Config, format!("the embedded server's record refused: {why}")))?;
     let access = Access::load(&c.state_dir)?;
-    if access.password(user).is_none() {
-        return Err(Error::new(ErrorKind::Config, format!("the embedded server record has no password for {user}")));
+    if !access.knows(user) {
+        return Err(Error::new(ErrorKind::Config, format!("the embedded server record has no password or creds for {user}")));
     }
-    connect(&access.url, embedded_options(&access, user, name)).await
+    connect(&access.url, embedded_options(&access, user, name)?).await
 }
 
 /// How to reach the bus.

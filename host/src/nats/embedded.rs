@@ -1,6 +1,8 @@
 //! The embedded default: with no bus address, `serve` runs its own `nats-server` on loopback,
 //! with JetStream and its data in the state directory, configured from the repository's
-//! example config (`deploy/nats-server.conf`) so the accounts and limits are the real ones.
+//! example config (`deploy/nats-server.conf`) so the accounts and limits are the real ones; or,
+//! with `--operator`, the same accounts signed for operator mode (`accounts::operator`), each
+//! party logging in with its creds.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -16,29 +18,20 @@ use crate::base::files::write_private;
 /// The example server config, with `{{…}}` placeholders.
 pub const SERVER_CONF: &str = include_str!("../../../deploy/nats-server.conf");
 
-/// The users of the example config, by the suffix of their `{{PASSWORD_…}}` placeholder.
-pub const USERS: [(&str, &str); 15] = [
-    ("PROVISIONER", "mesh-provisioner"),
-    ("PROVISIONER_SERVICE", "mesh-provisioner-service"),
-    ("MESH_OPERATOR", "mesh-operator"),
-    ("MESH_CONTROLLER", "mesh-controller"),
-    ("MESH_INDEXER", "mesh-indexer"),
-    ("NODE_ALPHA", "node-alpha"),
-    ("NODE_BETA", "node-beta"),
-    ("NODE_GAMMA", "node-gamma"),
-    ("LEAF_ALPHA", "leaf-alpha"),
-    ("LEAF_BETA", "leaf-beta"),
-    ("LEAF_GAMMA", "leaf-gamma"),
-    ("PROVIDER_POSTGRES", "provider-postgres"),
-    ("MESH_CONFIG", "mesh-config"),
-    ("MESH_VAULT", "mesh-vault"),
-    ("SYSTEM", "system"),
-];
-
 /// The nodes and providers the example config has users for: the embedded default's
 /// `bootstrap` makes their buckets.
 pub const EXAMPLE_NODES: [&str; 3] = ["alpha", "beta", "gamma"];
 pub const EXAMPLE_PROVIDERS: [&str; 1] = ["postgres"];
+
+/// The example mesh: what the example config is the rendering of.
+pub fn example_mesh() -> crate::accounts::Mesh {
+    crate::accounts::Mesh { nodes: EXAMPLE_NODES.map(String::from).to_vec(), providers: EXAMPLE_PROVIDERS.map(String::from).to_vec() }
+}
+
+/// The users of the example config, each with its password's placeholder (`PASSWORD_…`).
+pub fn users() -> Vec<(String, String)> {
+    example_mesh().accounts().iter().flat_map(|a| a.users.iter().map(|u| (u.placeholder(), u.name.clone()))).collect()
+}
 
 /// How to reach an embedded server, kept in the state directory so `query` finds it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,11 +39,23 @@ pub struct Access {
     pub url: String,
     /// user name → password, for every user of the config.
     pub passwords: Vec<(String, String)>,
+    /// user name → creds file text, for every user of an operator-mode server.
+    #[serde(default)]
+    pub creds: Vec<(String, String)>,
 }
 
 impl Access {
     pub fn password(&self, user: &str) -> Option<&str> {
         self.passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str())
+    }
+
+    pub fn creds(&self, user: &str) -> Option<&str> {
+        self.creds.iter().find(|(u, _)| u == user).map(|(_, c)| c.as_str())
+    }
+
+    /// Whether `user` can log in: a password or creds are recorded for it.
+    pub fn knows(&self, user: &str) -> bool {
+        self.password(user).is_some() || self.creds(user).is_some()
     }
 
     pub fn path(state_dir: &Path) -> PathBuf {
@@ -75,12 +80,12 @@ const BCRYPT_COST: u32 = 6;
 pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], cluster: &str) -> Result<String> {
     let mut conf =
         SERVER_CONF.replace("{{PORT}}", &port.to_string()).replace("{{STORE_DIR}}", &store_dir.display().to_string()).replace("{{CLUSTER}}", cluster);
-    for (placeholder, user) in USERS {
-        let password = passwords.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str()).unwrap_or("");
+    for (placeholder, user) in users() {
+        let password = passwords.iter().find(|(u, _)| *u == user).map(|(_, p)| p.as_str()).unwrap_or("");
         let hash = bcrypt::hash_with_result(password, BCRYPT_COST)
             .map_err(|e| Error::new(ErrorKind::Config, format!("hashing the password of {user}: {e}")))?
             .format_for_version(bcrypt::Version::TwoA);
-        conf = conf.replace(&format!("{{{{PASSWORD_{placeholder}}}}}"), &hash);
+        conf = conf.replace(&format!("{{{{{placeholder}}}}}"), &hash);
     }
     Ok(conf)
 }
@@ -115,13 +120,46 @@ impl Server {
         crate::base::files::private_dirs(dir).map_err(|e| io("creating the state directory", e))?;
         // Users the kept passwords do not name (added to the config since) get new ones.
         let mut passwords = passwords.unwrap_or_default();
-        for (_, user) in USERS {
-            if !passwords.iter().any(|(u, _)| u == user) {
-                passwords.push((user.to_string(), crate::base::random::random_password()?));
+        for (_, user) in users() {
+            if !passwords.iter().any(|(u, _)| *u == user) {
+                passwords.push((user, crate::base::random::random_password()?));
             }
         }
-        let conf_path = dir.join("nats-server.conf");
         let conf = render(port, &dir.join("jetstream"), &passwords, cluster)?;
+        let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords, creds: vec![] };
+        Self::spawn(dir, port, &conf, access).await
+    }
+
+    /// As [`Server::start_with`], in operator mode: the example mesh's accounts signed with the
+    /// keys kept in `dir/accounts` (made the first time), a full resolver in `dir/resolver`.
+    pub async fn start_operator(dir: &Path, port: Option<u16>, cluster: &str) -> Result<Server> {
+        Self::start_signed(dir, port, cluster, &example_mesh()).await
+    }
+
+    /// Starts a server in operator mode for `mesh`, its accounts under `dir/accounts`.
+    pub async fn start_signed(dir: &Path, port: Option<u16>, cluster: &str, mesh: &crate::accounts::Mesh) -> Result<Server> {
+        let port = match port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
+        crate::base::files::private_dirs(dir).map_err(|e| io("creating the state directory", e))?;
+        let signed = crate::accounts::operator::render_into(mesh, &dir.join("accounts"), &[])?;
+        let resolver = dir.join("resolver");
+        crate::base::files::private_dirs(&resolver).map_err(|e| io("creating the resolver directory", e))?;
+        let conf = std::fs::read_to_string(dir.join("accounts/nats-server.conf")).map_err(|e| io("reading the rendered config", e))?;
+        let conf = conf
+            .replace("{{PORT}}", &port.to_string())
+            .replace("{{STORE_DIR}}", &dir.join("jetstream").display().to_string())
+            .replace("{{RESOLVER_DIR}}", &resolver.display().to_string())
+            .replace("{{CLUSTER}}", cluster);
+        let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords: vec![], creds: signed.creds };
+        Self::spawn(dir, port, &conf, access).await
+    }
+
+    async fn spawn(dir: &Path, port: u16, conf: &str, access: Access) -> Result<Server> {
+        let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
+        let conf_path = dir.join("nats-server.conf");
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;
         let log = crate::base::files::create_private(&dir.join("nats-server.log")).map_err(|e| io("creating the server log", e))?;
         let mut command = Command::new("nats-server");
@@ -129,7 +167,6 @@ impl Server {
         die_with_this_process(&mut command);
         let child =
             command.spawn().map_err(|e| Error::new(ErrorKind::Config, format!("starting nats-server (is it on PATH? scripts/setup installs it): {e}")))?;
-        let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords };
         let mut server = Server { child, access, port };
         server.wait_ready(Duration::from_secs(20)).await?;
         Ok(server)
@@ -189,4 +226,25 @@ fn die_with_this_process(command: &mut Command) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = command;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_the_rendering_of_the_example_mesh() {
+        let rendered = crate::accounts::conf::render(&example_mesh());
+        assert!(
+            SERVER_CONF == rendered,
+            "deploy/nats-server.conf is not what `mesh-provisioner accounts --nodes alpha,beta,gamma --providers postgres --out deploy` writes: run that"
+        );
+    }
+
+    #[test]
+    fn every_placeholder_of_the_example_config_is_filled() {
+        let conf = render(4222, Path::new("/tmp/store"), &[], "").expect("rendered");
+        assert!(!conf.contains("{{"), "a placeholder left: {}", conf.split("{{").nth(1).unwrap_or_default().chars().take(40).collect::<String>());
+        assert_eq!(users().len(), 15, "every user of the example: {:?}", users());
+    }
 }

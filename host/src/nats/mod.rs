@@ -31,6 +31,7 @@ use crate::store::mirror::{Mirror, Quota};
 
 pub mod bucket;
 pub mod changes;
+pub mod claims;
 pub mod connect;
 mod discovery;
 pub mod embedded;

@@ -172,7 +172,7 @@ async fn put(access: &Access, user: &str, bucket: &str, key: &str, value: &str) 
 }
 
 async fn login(access: &Access, user: &str) -> Result<jetstream::Context> {
-    let client = crate::nats::connect::embedded_options(access, user, "mesh-provisioner demo")
+    let client = crate::nats::connect::embedded_options(access, user, "mesh-provisioner demo")?
         .connect(&access.url)
         .await
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("demo: connecting as {user}: {e}")))?;

@@ -108,6 +108,11 @@ pub struct Serve {
     /// HTTP side on at a free loopback port unless --http says where.
     #[arg(long)]
     pub demo: bool,
+    /// Run the embedded server in operator mode: the example mesh's accounts signed with nkeys
+    /// (kept under the state directory), each party logging in with its creds (embedded
+    /// server only).
+    #[arg(long, conflicts_with = "nats_url")]
+    pub operator: bool,
     /// How often the demo mesh moves on by itself (a provider applied, a value rotated, its
     /// holder catching up).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]

@@ -78,7 +78,7 @@ pub async fn run(args: Serve) -> Result<()> {
         // The embedded default is its own operator: every bucket of the example mesh made
         // with the safe settings before anything writes.
         let access = &server.access;
-        let operator = connect::connect(&access.url, connect::embedded_options(access, OPERATOR_USER, "mesh-provisioner bootstrap")).await?;
+        let operator = connect::connect(&access.url, connect::embedded_options(access, OPERATOR_USER, "mesh-provisioner bootstrap")?).await?;
         let plan = crate::nats::mesh::Plan::of(&current.get().guest, &embedded::EXAMPLE_NODES, &embedded::EXAMPLE_PROVIDERS, args.buckets, limits).await?;
         let report = crate::nats::mesh::apply(&async_nats::jetstream::new(operator.clone()), &plan).await;
         let _ = operator.drain().await;
@@ -178,8 +178,13 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
     }
     let dir = state.join("nats");
     // Keep the passwords of an earlier run, so its data stays reachable.
-    let passwords = Access::load(state).ok().map(|a| a.passwords);
-    let server = Server::start(&dir, args.embedded_port, passwords).await?;
+    let server = if args.operator {
+        // The keys are kept under the state directory: a restart signs with the same ones.
+        Server::start_operator(&dir, args.embedded_port, "").await?
+    } else {
+        let passwords = Access::load(state).ok().map(|a| a.passwords);
+        Server::start(&dir, args.embedded_port, passwords).await?
+    };
     let access = server.access.clone();
     let text = serde_json::to_vec_pretty(&access).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
     crate::base::files::write_private(&Access::path(state), &text).map_err(|e| Error::new(ErrorKind::Config, format!("recording the embedded server: {e}")))?;
@@ -192,15 +197,15 @@ async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u
     );
     let client = connect::connect(
         &access.url,
-        connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner")
+        connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner")?
             .subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY)
             .event_callback(on_event),
     )
     .await?;
     let seat =
-        connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat").event_callback(on_seat_event)).await?;
+        connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat")?.event_callback(on_seat_event)).await?;
     let service =
-        connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service").event_callback(on_server_error)).await?;
+        connect::connect(&access.url, connect::embedded_options(&access, SERVICE_USER, "mesh-provisioner-service")?.event_callback(on_server_error)).await?;
     Ok((Bus { client, seat, service }, Some(server), events))
 }
 

@@ -5,6 +5,8 @@
 //! must not do: nothing landed, nothing leaked, and the verb, plans, notices and the seat carried
 //! on.
 //!
+//! Every attack runs twice: on the static config and on its operator-mode rendering.
+//!
 //! One server and one host serve every attack but the memory budget (which needs a host of its
 //! own, with a budget small enough to pass).
 
@@ -85,7 +87,18 @@ fn listen(client: Client, subjects: Vec<String>) -> (tokio::sync::oneshot::Sende
 
 #[tokio::test]
 async fn no_user_reaches_past_its_grant_whatever_it_sends() {
-    let bus = Bus::start().await;
+    attack(Bus::start().await).await
+}
+
+/// The same attacks on the same accounts signed the NATS way (`accounts --operator`): each
+/// party logs in with its creds, and MESH lends by activation what the static config lends by
+/// account name.
+#[tokio::test]
+async fn no_user_reaches_past_its_grant_in_operator_mode_either() {
+    attack(Bus::start_operator().await).await
+}
+
+async fn attack(bus: Bus) {
     bus.create_plan_buckets().await;
     bus.make_bucket(CONFIG).await;
     // The provider's bucket as someone made it before bootstrap existed: roll-ups allowed, no

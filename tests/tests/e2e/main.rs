@@ -19,6 +19,7 @@ mod holders;
 mod http;
 mod http_guard;
 mod leaf;
+mod operator;
 mod overload;
 mod plans;
 mod reply_cache;
