@@ -127,7 +127,7 @@ impl Server {
         }
         let conf = render(port, &dir.join("jetstream"), &passwords, cluster)?;
         let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords, creds: vec![] };
-        Self::spawn(dir, port, &conf, access).await
+        Self::start_config(dir, port, &conf, access).await
     }
 
     /// As [`Server::start_with`], in operator mode: the example mesh's accounts signed with the
@@ -154,10 +154,12 @@ impl Server {
             .replace("{{RESOLVER_DIR}}", &resolver.display().to_string())
             .replace("{{CLUSTER}}", cluster);
         let access = Access { url: format!("nats://127.0.0.1:{port}"), passwords: vec![], creds: signed.creds };
-        Self::spawn(dir, port, &conf, access).await
+        Self::start_config(dir, port, &conf, access).await
     }
 
-    async fn spawn(dir: &Path, port: u16, conf: &str, access: Access) -> Result<Server> {
+    /// Starts `nats-server` with `conf` (every placeholder filled) under `dir`, reached as
+    /// `access` says.
+    pub async fn start_config(dir: &Path, port: u16, conf: &str, access: Access) -> Result<Server> {
         let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
         let conf_path = dir.join("nats-server.conf");
         write_private(&conf_path, conf.as_bytes()).map_err(|e| io("writing the server config", e))?;

@@ -295,9 +295,10 @@ async fn attack(bus: Bus) {
     let (alpha_stop, alpha_heard) = listen(alpha.clone(), vec!["_INBOX_node-alpha.>".into(), "mesh-provisioner.notice.alpha".into()]);
     bus.put("provider-postgres", BOUND, "beta.web.db", br#"{"password":"beta-secret-7731"}"#).await;
     bus.put("mesh-config", CONFIG, "beta.web.base_url", b"\"https://beta-private.example\"").await;
-    bus.put("node-beta", NEEDS, "beta.web.secret.beta_marker", br#"{"placeholder":"beta-marker-5520"}"#).await;
+    let marker = bus.put("node-beta", NEEDS, "beta.web.secret.beta_marker", br#"{"placeholder":"beta-marker-5520"}"#).await;
     for _ in 0..5 {
-        let v = ask_ok(&beta, json!({"what":"needs","node":"beta"})).await;
+        // Its own write, read back by its share's sequence (the revision its put was told).
+        let v = ask_ok(&beta, json!({"what":"needs","node":"beta","min_revision":{"NODE_beta":marker}})).await;
         assert!(v.to_string().contains("beta-marker-5520"), "beta's own answer: {v}");
         let _ = ask_ok(&beta, json!({"what":"status","node":"beta"})).await;
     }

@@ -209,3 +209,34 @@ async fn serve_demo_operator_runs_the_example_mesh_signed() {
     assert_eq!(mode & 0o077, 0, "creds are the owner's alone");
     let _ = child.kill().await;
 }
+
+#[tokio::test]
+async fn accounts_refuses_a_bad_mesh_naming_it_and_renders_one_from_a_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dir.path().join("out");
+    let o = out.to_str().expect("path");
+    let bad = cli(&["accounts", "--nodes", "alpha,Beta", "--out", o]).await;
+    assert!(!bad.status.success() && said(&bad).contains("\"Beta\" is not a name"), "{}", said(&bad));
+    let twice = cli(&["accounts", "--nodes", "alpha", "--providers", "alpha", "--out", o]).await;
+    assert!(!twice.status.success() && said(&twice).contains("named twice"), "{}", said(&twice));
+    assert!(!out.join("nats-server.conf").exists(), "nothing written for a refused mesh");
+    let file = dir.path().join("mesh.json");
+    std::fs::write(&file, r#"{"nodes": ["alpha", "beta", "gamma"], "extra": 1}"#).expect("write");
+    let unknown = cli(&["accounts", "--mesh", file.to_str().expect("path"), "--out", o]).await;
+    assert!(!unknown.status.success() && said(&unknown).contains("unknown field `extra`"), "{}", said(&unknown));
+    std::fs::write(&file, r#"{"nodes": ["alpha", "beta", "gamma"], "providers": ["postgres"]}"#).expect("write");
+    let ok = cli(&["accounts", "--mesh", file.to_str().expect("path"), "--out", o]).await;
+    assert!(ok.status.success(), "{}", said(&ok));
+    let example = std::fs::read_to_string(tests::root().join("deploy/nats-server.conf")).expect("the example");
+    assert_eq!(std::fs::read_to_string(out.join("nats-server.conf")).expect("rendered"), example, "the example is this rendering");
+    // Signed: every user's creds, private; the keys kept; nothing but the operator's own JWT
+    // in the config's `operator`.
+    let signed = cli(&["accounts", "--operator", "--mesh", file.to_str().expect("path"), "--out", o]).await;
+    assert!(signed.status.success(), "{}", said(&signed));
+    let creds: Vec<String> = std::fs::read_dir(out.join("creds")).expect("creds").flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(creds.len(), 15, "a creds file a user: {creds:?}");
+    for e in std::fs::read_dir(out.join("keys")).expect("keys").flatten().chain(std::fs::read_dir(out.join("creds")).expect("creds").flatten()) {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&e.metadata().expect("meta").permissions());
+        assert_eq!(mode & 0o077, 0, "{} is the owner's alone", e.path().display());
+    }
+}
