@@ -45,13 +45,31 @@ fn render(mesh: &Mesh, dir: &Path) -> (Duration, usize, operator::Signed) {
     let t = Instant::now();
     let signed = operator::render_into(mesh, dir, &[]).expect("rendered");
     let took = t.elapsed();
-    let activations: usize = mesh.accounts().iter().map(|a| a.imports.iter().filter(|i| i.account == "MESH" && i.subject.starts_with("$")).count()).sum();
+    // One activation an account and subject it imports by token (every subject from MESH but
+    // the verbs' and discovery's).
+    let activations: usize = mesh
+        .accounts()
+        .iter()
+        .map(|a| {
+            let subjects: std::collections::BTreeSet<&str> = a
+                .imports
+                .iter()
+                .filter(|i| i.account == "MESH" && !i.subject.starts_with("mesh-provisioner.p") && !i.subject.starts_with("$SRV"))
+                .map(|i| i.subject.as_str())
+                .collect();
+            subjects.len()
+        })
+        .sum();
     (took, signed.accounts.len() + 1 + signed.creds.len() + activations, signed)
 }
 
 /// The config rendered in `dir` with its placeholders filled for a server at `port` in `sub`.
 fn filled(dir: &Path, sub: &Path, port: u16, cluster: &str) -> String {
+    // Each server's resolver seeded with every account, as an operator copies `resolver/`.
     std::fs::create_dir_all(sub.join("resolver")).expect("dir");
+    for e in std::fs::read_dir(dir.join("resolver")).expect("the rendered resolver").flatten() {
+        std::fs::copy(e.path(), sub.join("resolver").join(e.file_name())).expect("seed the resolver");
+    }
     std::fs::read_to_string(dir.join("nats-server.conf"))
         .expect("the rendered config")
         .replace("{{PORT}}", &port.to_string())

@@ -17,7 +17,7 @@ use nkeys::{KeyPair, KeyPairType};
 use serde_json::Value;
 
 use super::jwt;
-use super::parties::{Account, Export, Kind, Mesh, MeshJetStream, MESH, SYS};
+use super::parties::{self, Account, Export, Kind, Mesh, MeshJetStream, MESH, SYS};
 use crate::base::error::{Error, ErrorKind, Result};
 
 /// What `MESH` lends only to some, in operator mode: each kind of grant once, by wildcard,
@@ -150,6 +150,9 @@ pub fn sign(mesh: &Mesh, keys: &Keys, revoked: &Revocations) -> Result<Signed> {
         let key = &account_keys[&a.name];
         let exports: Vec<(Export, bool)> = exports_of(a);
         let mut imports = Vec::new();
+        // One activation a subject: an account imports some subjects more than once (to more
+        // than one local subject), and one token proves each of them.
+        let mut tokens: BTreeMap<(String, String), String> = BTreeMap::new();
         for i in &a.imports {
             let from =
                 accounts.iter().find(|x| x.name == i.account).ok_or_else(|| Error::new(ErrorKind::Config, format!("{} imports from no account", a.name)))?;
@@ -159,7 +162,15 @@ pub fn sign(mesh: &Mesh, keys: &Keys, revoked: &Revocations) -> Result<Signed> {
                 .map(|(_, t)| t)
                 .ok_or_else(|| Error::new(ErrorKind::Config, format!("{} exports nothing holding {}'s import {}", from.name, a.name, i.subject)))?;
             let exporter = &account_keys[&from.name];
-            let token = if token_req { Some(jwt::activation(exporter, &key.public_key(), i)?) } else { None };
+            let token = match tokens.get(&(from.name.clone(), i.subject.clone())) {
+                _ if !token_req => None,
+                Some(t) => Some(t.clone()),
+                None => {
+                    let t = jwt::activation(exporter, &key.public_key(), i)?;
+                    tokens.insert((from.name.clone(), i.subject.clone()), t.clone());
+                    Some(t)
+                }
+            };
             imports.push(jwt::import(i, &exporter.public_key(), token));
         }
         let revocations: Vec<(String, u64)> = revoked.get(&a.name).map(|m| m.iter().map(|(k, t)| (k.clone(), *t)).collect()).unwrap_or_default();
@@ -193,17 +204,20 @@ pub fn sign(mesh: &Mesh, keys: &Keys, revoked: &Revocations) -> Result<Signed> {
     Ok(Signed { operator_jwt, system_account, accounts: signed, creds, retired })
 }
 
-/// The operator-mode server config: the operator, the system account, a full resolver (its
-/// directory a placeholder, `{{RESOLVER_DIR}}`, as the port and the store are) preloaded with
-/// every account, so the server starts knowing the mesh and takes later accounts by push.
+/// The operator-mode server config: the operator, the system account, and a full resolver
+/// preloaded with the mesh's own accounts (all but the nodes'). Its directory is a placeholder,
+/// `{{RESOLVER_DIR}}`, as the port and the store are: seeded from `resolver/` (every account,
+/// `<public key>.jwt`, the full resolver's own layout), so a server starts with thousands of
+/// node accounts without parsing them, and takes later ones by push.
 pub fn server_config(mesh: &Mesh, signed: &Signed) -> String {
     use std::fmt::Write;
     let limits = MeshJetStream::of(mesh);
     let mut out = String::with_capacity(signed.accounts.len() * 4096 + 4096);
     out.push_str(
         "# The mesh's accounts in operator mode (`mesh-provisioner accounts --operator`): the operator\n\
-         # JWT, the system account, and a full resolver preloaded with every account's JWT. A node\n\
-         # that joins later is pushed to the resolver (`accounts --operator --push`), no restart.\n\
+         # JWT, the system account, and a full resolver preloaded with the mesh's own accounts; the\n\
+         # nodes' are in its directory (seed it with a copy of resolver/). A node that joins later\n\
+         # is pushed to the resolver (`accounts --operator --push`), no restart.\n\
          # Each party logs in with its creds file (creds/<user>.creds). The placeholders in double\n\
          # braces (PORT, STORE_DIR, RESOLVER_DIR, CLUSTER) are filled in by whoever runs it.\n\n",
     );
@@ -217,7 +231,7 @@ pub fn server_config(mesh: &Mesh, signed: &Signed) -> String {
     let _ = writeln!(out, "operator: \"{}\"\nsystem_account: {}\n", signed.operator_jwt, signed.system_account);
     out.push_str("resolver: {\n  type: full\n  dir: \"{{RESOLVER_DIR}}\"\n  allow_delete: false\n  interval: \"2m\"\n  timeout: \"2s\"\n}\n\n");
     out.push_str("resolver_preload: {\n");
-    for a in &signed.accounts {
+    for a in signed.accounts.iter().filter(|a| !mesh.nodes.iter().any(|n| parties::node_account_name(n) == a.name)) {
         let _ = writeln!(out, "  # {}\n  {}: \"{}\"", a.name, a.public_key, a.jwt);
     }
     out.push_str("}\n");
@@ -254,18 +268,22 @@ pub fn render_into(mesh: &Mesh, out: &Path, revoke: &[String]) -> Result<Signed>
     let text = serde_json::to_vec_pretty(&revoked).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
     write(&revocations_path, &text)?;
     let signed = sign(mesh, &keys, &revoked)?;
-    for sub in ["jwt", "creds"] {
+    for sub in ["resolver", "creds"] {
         dir(&out.join(sub))?;
     }
     write(&out.join("operator.jwt"), signed.operator_jwt.as_bytes())?;
     for a in &signed.accounts {
-        write(&out.join("jwt").join(format!("{}.jwt", a.name)), a.jwt.as_bytes())?;
+        write(&out.join("resolver").join(format!("{}.jwt", a.public_key)), a.jwt.as_bytes())?;
     }
+    let names: BTreeMap<&str, &str> = signed.accounts.iter().map(|a| (a.name.as_str(), a.public_key.as_str())).collect();
+    let index = serde_json::to_vec_pretty(&names).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+    write(&out.join("accounts.json"), &index)?;
     // Only the creds of users who may log in: a revoked or retired user's are removed.
+    let users: std::collections::BTreeSet<&str> = signed.creds.iter().map(|(u, _)| u.as_str()).collect();
     let entries = std::fs::read_dir(out.join("creds")).map_err(|e| Error::new(ErrorKind::Config, format!("reading {}/creds: {e}", out.display())))?;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().trim_end_matches(".creds").to_string();
-        if !signed.creds.iter().any(|(u, _)| *u == name) {
+        if !users.contains(name.as_str()) {
             let _ = std::fs::remove_file(e.path());
         }
     }

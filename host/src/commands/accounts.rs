@@ -26,7 +26,8 @@ pub struct Accounts {
     #[arg(long, conflicts_with_all = ["nodes", "providers"])]
     pub mesh: Option<PathBuf>,
     /// The directory written: `nats-server.conf`; in operator mode also `operator.jwt`,
-    /// `jwt/<ACCOUNT>.jwt`, `creds/<user>.creds` and `keys/` (the signing keys: keep them).
+    /// `resolver/` (every account JWT, a full resolver's layout: seed a server's resolver
+    /// directory with it), `creds/<user>.creds` and `keys/` (the signing keys: keep them).
     #[arg(long)]
     pub out: PathBuf,
     /// Operator mode: accounts and users as JWTs signed with nkeys, read by the server from a

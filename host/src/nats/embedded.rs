@@ -131,7 +131,8 @@ impl Server {
     }
 
     /// As [`Server::start_with`], in operator mode: the example mesh's accounts signed with the
-    /// keys kept in `dir/accounts` (made the first time), a full resolver in `dir/resolver`.
+    /// keys kept in `dir/accounts` (made the first time), its full resolver's directory
+    /// `dir/resolver` seeded from them.
     pub async fn start_operator(dir: &Path, port: Option<u16>, cluster: &str) -> Result<Server> {
         Self::start_signed(dir, port, cluster, &example_mesh()).await
     }
@@ -145,8 +146,17 @@ impl Server {
         let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Config, format!("{what}: {e}"));
         crate::base::files::private_dirs(dir).map_err(|e| io("creating the state directory", e))?;
         let signed = crate::accounts::operator::render_into(mesh, &dir.join("accounts"), &[])?;
+        // The server's resolver directory seeded from the rendering's, as an operator copies
+        // it: an account it holds already (pushed since) is kept; a later rendering reaches the
+        // running server only by a push.
         let resolver = dir.join("resolver");
         crate::base::files::private_dirs(&resolver).map_err(|e| io("creating the resolver directory", e))?;
+        for a in &signed.accounts {
+            let path = resolver.join(format!("{}.jwt", a.public_key));
+            if !path.exists() {
+                write_private(&path, a.jwt.as_bytes()).map_err(|e| io("seeding the resolver", e))?;
+            }
+        }
         let conf = std::fs::read_to_string(dir.join("accounts/nats-server.conf")).map_err(|e| io("reading the rendered config", e))?;
         let conf = conf
             .replace("{{PORT}}", &port.to_string())
