@@ -55,7 +55,8 @@ impl Env for Imports {
 
     fn health(&self, bucket: &str) -> Result<Health, HostError> {
         let h = store::health(bucket).map_err(host_error)?;
-        Ok(Health { unsafe_settings: h.unsafe_settings, over_quota: h.over_quota.into_iter().map(|w| (w.writer, w.keys, w.bytes)).collect() })
+        let shares = |v: Vec<store::WriterShare>| v.into_iter().map(|w| (w.writer, w.keys, w.bytes)).collect();
+        Ok(Health { unsafe_settings: h.unsafe_settings, over_quota: shares(h.over_quota), orphaned: shares(h.orphaned) })
     }
 
     fn reach(&self, marks: &[Mark], wait_ms: u32) -> Result<Vec<Reached>, HostError> {

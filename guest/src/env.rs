@@ -154,6 +154,9 @@ pub struct Health {
     pub unsafe_settings: Vec<String>,
     /// Writers (a key's first token) past the host's quota: writer, keys, bytes.
     pub over_quota: Vec<(String, u64, u64)>,
+    /// Writers whose share the bucket no longer sources (nodes that left the mesh): writer,
+    /// keys, bytes.
+    pub orphaned: Vec<(String, u64, u64)>,
 }
 
 /// A revision an answer is to reflect (the WIT `mark`): a bucket's, or a node share's

@@ -54,4 +54,4 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[cfg(feature = "fixture-v2")]
 pub const VERSION: &str = "0.2.0-fixture";
 /// The WIT package this guest implements.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.9.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.10.0";

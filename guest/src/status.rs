@@ -376,6 +376,11 @@ fn warnings(env: &dyn Env, node: &str, needs: &[NeedStatus], healths: &mut Healt
                 out.push(format!("node {node} holds {keys} keys ({bytes} bytes) of {bucket}, past its quota"));
             }
         }
+        for (writer, keys, _) in &health.orphaned {
+            if writer == node {
+                out.push(format!("node {node} left the mesh: {bucket} no longer sources its share, and its {keys} keys there are orphaned"));
+            }
+        }
     }
     out
 }

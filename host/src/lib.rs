@@ -21,4 +21,4 @@ pub mod serve;
 pub mod store;
 
 /// The WIT package this host speaks.
-pub const WIT_VERSION: &str = "mesh:provisioner@0.9.0";
+pub const WIT_VERSION: &str = "mesh:provisioner@0.10.0";

@@ -32,9 +32,7 @@ const ECHO: &str = "bench.echo";
 
 /// A process's resident memory, in MiB.
 fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
-    kib / 1024.0
+    tests::rss_kib(pid) as f64 / 1024.0
 }
 
 struct Figures {

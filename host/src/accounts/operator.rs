@@ -142,13 +142,16 @@ pub fn sign(mesh: &Mesh, keys: &Keys, revoked: &Revocations) -> Result<Signed> {
     for a in &accounts {
         account_keys.insert(a.name.clone(), keys.account(&a.name)?);
     }
+    // Each account's exports worked out once: MESH's grow with the mesh, and every import of
+    // every node is checked against them.
+    let exported: BTreeMap<&str, Vec<(Export, bool)>> = accounts.iter().map(|a| (a.name.as_str(), exports_of(a))).collect();
     let system_account = account_keys[SYS].public_key();
     let operator_jwt = jwt::operator(&operator, "mesh", &system_account)?;
     let mut signed = Vec::new();
     let mut creds = Vec::new();
     for a in &accounts {
         let key = &account_keys[&a.name];
-        let exports: Vec<(Export, bool)> = exports_of(a);
+        let exports = &exported[a.name.as_str()];
         let mut imports = Vec::new();
         // One activation a subject: an account imports some subjects more than once (to more
         // than one local subject), and one token proves each of them.
@@ -156,10 +159,10 @@ pub fn sign(mesh: &Mesh, keys: &Keys, revoked: &Revocations) -> Result<Signed> {
         for i in &a.imports {
             let from =
                 accounts.iter().find(|x| x.name == i.account).ok_or_else(|| Error::new(ErrorKind::Config, format!("{} imports from no account", a.name)))?;
-            let token_req = exports_of(from)
-                .into_iter()
+            let token_req = exported[from.name.as_str()]
+                .iter()
                 .find(|(e, _)| e.kind == i.kind && crate::base::wire::contains(&e.subject, &i.subject))
-                .map(|(_, t)| t)
+                .map(|(_, t)| *t)
                 .ok_or_else(|| Error::new(ErrorKind::Config, format!("{} exports nothing holding {}'s import {}", from.name, a.name, i.subject)))?;
             let exporter = &account_keys[&from.name];
             let token = match tokens.get(&(from.name.clone(), i.subject.clone())) {

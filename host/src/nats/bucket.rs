@@ -266,6 +266,13 @@ pub async fn named_stream_info(js: &jetstream::Context, name: &str, what: &str) 
 /// Logs each setting of `bucket`'s stream that puts its keys at risk, once per change of them:
 /// the one way the host says so, whoever read the stream (an open, a mirror's follower, the
 /// audit). With a mirror, they are recorded on it (status and metrics read them there).
+/// Notes on `mirror` the streams its bucket's stream sources (a shared bucket's nodes' shares),
+/// each with its filter, as `config` says.
+pub fn note_sources(mirror: &crate::store::mirror::Mirror, config: &async_nats::jetstream::stream::Config) {
+    let sources = config.sources.iter().flatten();
+    mirror.set_sources(sources.map(|s| (s.name.as_str().into(), s.filter_subject.as_deref().unwrap_or(">").into())).collect());
+}
+
 pub fn note_unsafe(bucket: &str, mirror: &crate::store::mirror::Mirror, unsafe_settings: Vec<String>) {
     if mirror.set_unsafe_settings(unsafe_settings.clone()) {
         warn_unsafe(bucket, &unsafe_settings);

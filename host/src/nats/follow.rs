@@ -285,8 +285,7 @@ impl BucketFollower {
                 Shape::Refused(why) => return Err(FollowEnd::Refused(why)),
                 Shape::Bucket { unsafe_settings } => {
                     crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings);
-                    let sources = info.config.sources.iter().flatten();
-                    mirror.set_sources(sources.map(|s| (s.name.as_str().into(), s.filter_subject.as_deref().unwrap_or(">").into())).collect());
+                    crate::nats::bucket::note_sources(mirror, &info.config);
                     info
                 }
             },

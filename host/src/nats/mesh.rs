@@ -157,6 +157,36 @@ pub async fn apply(js: &jetstream::Context, plan: &Plan) -> BucketReport {
     report
 }
 
+/// Stops sourcing `node`'s share into each bucket every node writes: the node has left the mesh.
+/// The keys it wrote stay in the buckets (the provisioner names them orphaned in its modules'
+/// status) and its share stream is left for the operator to delete.
+pub async fn retire(js: &jetstream::Context, node: &str) -> BucketReport {
+    let mut report = BucketReport::default();
+    let name = node_stream(node);
+    for bucket in crate::nats::bucket::SHARED_BUCKETS {
+        let outcome = async {
+            let Some(info) = stream_info(js, bucket).await? else {
+                return Ok(BucketOutcome::Safe);
+            };
+            let mut config = info.config.clone();
+            let sources = config.sources.get_or_insert_with(Vec::new);
+            let before = sources.len();
+            sources.retain(|s| s.name != name);
+            if sources.len() == before {
+                return Ok(BucketOutcome::Safe);
+            }
+            crate::nats::bucket::bounded(|| format!("updating bucket {bucket}"), async {
+                js.update_stream(&config).await.map_err(|e| Error::new(ErrorKind::Unavailable, format!("updating bucket {bucket}: {e}")))
+            })
+            .await?;
+            Ok::<_, Error>(BucketOutcome::Fixed(vec![format!("no longer sources {name} (its keys stay, orphaned)")]))
+        }
+        .await;
+        report.buckets.push((bucket.to_string(), outcome.unwrap_or_else(|e| BucketOutcome::Failed(e.message().to_string()))));
+    }
+    report
+}
+
 /// A bucket every node writes, made of `nodes`' shares: made so, or an existing one (one stream
 /// until now, or the shares of fewer nodes) made so in place. Keys it holds stay; from now on
 /// each node's writes go to its share.

@@ -139,6 +139,7 @@ impl store::Host for Ctx {
         Ok(store::BucketHealth {
             unsafe_settings: m.health().unsafe_settings,
             over_quota: m.writers_over(quota).into_iter().map(|w| store::WriterShare { writer: w.writer, keys: w.keys, bytes: w.bytes }).collect(),
+            orphaned: m.writers_unsourced(&bucket).into_iter().map(|w| store::WriterShare { writer: w.writer, keys: w.keys, bytes: w.bytes }).collect(),
         })
     }
 }

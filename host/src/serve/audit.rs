@@ -102,7 +102,11 @@ pub async fn audit_one(js: &async_nats::jetstream::Context, bucket: &str, mirror
                     mirror.request_rebuild();
                     return Ok(Verdict::Repaired(why));
                 }
-                Shape::Bucket { unsafe_settings } => crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings),
+                Shape::Bucket { unsafe_settings } => {
+                    crate::nats::bucket::note_unsafe(bucket, mirror, unsafe_settings);
+                    // A node retired since the bucket was opened: its keys are orphaned now.
+                    crate::nats::bucket::note_sources(mirror, &info.config);
+                }
             }
         }
         let Some(stream) = info.map(|i| i.state) else {

@@ -70,7 +70,7 @@ fn check_passes_the_real_component_and_refuses_bad_ones_with_the_reason() {
     assert!(text(&ok).contains("13 registry kinds"));
     for (name, why) in [
         ("not-wasm", "not a WebAssembly file"),
-        ("incompatible", "built for mesh:provisioner@0.10.0"),
+        ("incompatible", "built for mesh:provisioner@0.11.0"),
         ("publisher", "mesh:provisioner/bus@0.8.0"),
         ("trap-at-start", "trapped"),
         ("loop-at-start", "deadline"),

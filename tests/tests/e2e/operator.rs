@@ -65,10 +65,10 @@ async fn login(bus: &Bus, user: &str, creds: &Path) -> Result<(async_nats::Clien
 }
 
 #[tokio::test]
-async fn a_node_joins_a_running_mesh_by_a_push_and_a_revoked_user_is_cut_off() {
+async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_keys_orphaned_when_it_leaves() {
     let bus = Bus::start_operator().await;
     bus.make_bucket(BOUND).await;
-    let mut host = Host::start(&bus, &["--state-sweep-every", "2s"]).await;
+    let mut host = Host::start(&bus, &["--state-sweep-every", "2s", "--audit-every", "2s"]).await;
     let alpha = bus.client("node-alpha").await;
     bus.put("node-alpha", NEEDS, "alpha.app.config.db_url", br#"{"placeholder":"${config:db_url}"}"#).await;
     status_until(&alpha, "alpha", "app", "its need", |s| s["needs"].as_array().is_some_and(|n| n.len() == 1)).await;
@@ -158,6 +158,33 @@ async fn a_node_joins_a_running_mesh_by_a_push_and_a_revoked_user_is_cut_off() {
     }
     let again = login(&bus, "node-delta", &kept).await.expect_err("a revoked user's creds still log in");
     assert!(again.contains("authorization violation"), "{again}");
+    // It leaves: dropped from the list (its account retired, every user refused), its share no
+    // longer sourced. Its keys stay, and its modules' status names them orphaned.
+    let out = render(&bus, "alpha,beta,gamma", &["--push", bus.url()]).await;
+    assert!(out.status.success() && said(&out).contains("(1 retired)"), "{}", said(&out));
+    let out = cli(&[
+        "bootstrap",
+        "--nats-url",
+        bus.url(),
+        "--creds",
+        operator.to_str().expect("path"),
+        "--component",
+        component.to_str().expect("path"),
+        "--node",
+        "alpha",
+        "--node",
+        "beta",
+        "--node",
+        "gamma",
+        "--retire-node",
+        "delta",
+    ])
+    .await;
+    assert!(out.status.success() && said(&out).contains("no longer sources NODE_delta"), "{}", said(&out));
+    let s = status_until(&alpha, "delta", "app", "its keys orphaned", |s| s["warnings"].to_string().contains("left the mesh")).await;
+    assert!(s["warnings"].to_string().contains("mesh-provisioner_needs no longer sources its share"), "{s}");
+    let s = tests::nats::module_status(&alpha, "alpha", "app").await;
+    assert!(!s["warnings"].to_string().contains("left the mesh"), "alpha stays: {s}");
     // The rest of the mesh carried on: alpha still asks and is answered; the provisioner never
     // restarted.
     ask_ok(&alpha, json!({"what":"needs","node":"alpha"})).await;

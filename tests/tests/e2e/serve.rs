@@ -299,7 +299,7 @@ async fn srv_ping_and_info_name_the_component() {
     let info: Value = serde_json::from_slice(&info.payload).unwrap();
     let digest = hex::encode(Sha256::digest(std::fs::read(tests::component_path()).unwrap()));
     assert_eq!(info["metadata"]["component_digest"], digest.as_str());
-    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.9.0");
+    assert_eq!(info["metadata"]["wit"], "mesh:provisioner@0.10.0");
     assert_eq!(info["endpoints"][0]["subject"], "mesh-provisioner.provisioning");
     // Each endpoint names its request, response and error schemas, each the `$id` of a file
     // of docs/schema/ (what a client validates against).

@@ -135,7 +135,7 @@ async fn refuses_each_bad_component_and_keeps_serving_the_current_one() {
     let digest = Host::info(&c).await["component_digest"].clone();
     for (n, (name, why)) in [
         ("not-wasm", "not a WebAssembly file"),
-        ("incompatible", "built for mesh:provisioner@0.10.0; this host speaks mesh:provisioner@0.9.0"),
+        ("incompatible", "built for mesh:provisioner@0.11.0; this host speaks mesh:provisioner@0.10.0"),
         ("publisher", "mesh:provisioner/bus@0.8.0"),
         ("trap-at-start", "trapped"),
         ("loop-at-start", "deadline"),

@@ -360,6 +360,31 @@ impl Mirror {
         over
     }
 
+    /// Writers holding keys that the bucket (named `bucket`), sourcing streams, no longer
+    /// sources from any: a node that left the mesh, whose keys are orphaned. None when the
+    /// bucket sources nothing (its writers write it directly).
+    pub fn writers_unsourced(&self, bucket: &str) -> Vec<WriterShare> {
+        let sources = self.sources.locked().clone();
+        if sources.is_empty() {
+            return Vec::new();
+        }
+        let filters: Vec<Vec<&str>> = sources.iter().map(|(_, f)| f.split('.').collect()).collect();
+        let s = self.read();
+        let mut out: Vec<WriterShare> = s
+            .writers
+            .iter()
+            .flatten()
+            .filter(|(_, (k, _))| *k > 0)
+            .filter(|(w, _)| {
+                let subject = format!("$KV.{bucket}.{w}.k");
+                !filters.iter().any(|f| crate::base::wire::matches(f, &subject))
+            })
+            .map(|(w, (k, b))| WriterShare { writer: w.to_string(), keys: *k, bytes: *b })
+            .collect();
+        out.sort_by(|a, b| a.writer.cmp(&b.writer));
+        out
+    }
+
     /// What is wrong with the bucket, as last seen.
     pub fn health(&self) -> Health {
         self.health.locked().clone()
@@ -961,6 +986,24 @@ mod tests {
 
     fn keys(p: &Page) -> Vec<String> {
         p.entries().into_iter().map(|e| e.key).collect()
+    }
+
+    #[test]
+    fn names_the_writers_whose_share_is_no_longer_sourced() {
+        let m = Mirror::counting_writers();
+        m.put("alpha.app.config.k", 1, b"{}");
+        m.put("delta.app.config.k", 2, b"{}");
+        m.put("delta.app.config.j", 3, b"{}");
+        assert!(m.writers_unsourced("needs").is_empty(), "a bucket that sources nothing has no orphans");
+        let source = |n: &str| (format!("NODE_{n}").into(), format!("$KV.needs.{n}.>").into());
+        m.set_sources(vec![source("alpha"), source("delta")]);
+        assert!(m.writers_unsourced("needs").is_empty());
+        m.set_sources(vec![source("alpha")]);
+        let orphaned = m.writers_unsourced("needs");
+        assert_eq!(orphaned.iter().map(|w| (w.writer.as_str(), w.keys)).collect::<Vec<_>>(), [("delta", 2)]);
+        m.delete("delta.app.config.k", 4);
+        m.delete("delta.app.config.j", 5);
+        assert!(m.writers_unsourced("needs").is_empty(), "a writer whose keys are all deleted is no orphan");
     }
 
     #[test]
