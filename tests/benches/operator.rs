@@ -10,7 +10,8 @@
 //!   answers every node's needs; the provisioner's start by full replay and from its snapshot,
 //!   against a bare client listing the same keys; the verb's p50 and p99 asked by a node,
 //!   against an echo of the same size answered by the provisioner's serving user through the
-//!   same import (`--no-reply-cache`).
+//!   same import (`--no-reply-cache`); a node joining the running mesh, from the push of its
+//!   account until the provisioner answers its first need, against that write acknowledged.
 //!
 //! `cargo build --release -p mesh-provisioner && cargo bench -p tests --bench operator`
 //! A benchmark, not a test.
@@ -263,6 +264,49 @@ async fn main() {
         acked.as_secs_f64(),
         answered.as_secs_f64(),
         answered.as_secs_f64() / acked.as_secs_f64()
+    );
+
+    // A node joining the running mesh: its account rendered with the others' keys and pushed
+    // alone, its share made; from the push until the provisioner answers its first need,
+    // against until that write is acknowledged.
+    let joined = format!("n{n:05}");
+    let mut bigger = mesh(n);
+    bigger.nodes.push(joined.clone());
+    let signed = operator::render_into(&bigger, &root.path().join("n"), &[]).expect("rendered with the new node");
+    let account = signed.account(&mesh_provisioner::accounts::parties::node_account_name(&joined)).expect("its account").clone();
+    let system = connect(&access, "system").await;
+    let mut joined_access = access.clone();
+    joined_access.creds = signed.creds.clone();
+    let t = Instant::now();
+    mesh_provisioner::nats::claims::push(&system, &account.name, &account.jwt).await.expect("pushed");
+    let plan = mesh_provisioner::nats::mesh::Plan {
+        buckets: SHARED_BUCKETS.iter().map(|b| Spec::new(b, "bench", 1, 1, limits)).collect(),
+        nodes: vec![joined.clone()],
+        share: Share { max_bytes: 1 << 20, max_keys: 1024 },
+    };
+    mesh_provisioner::nats::mesh::apply(&js, &plan).await.result().expect("its share is made");
+    let newcomer = connect(&joined_access, &format!("node-{joined}")).await;
+    let njs = mesh_provisioner::nats::connect::jetstream_of(newcomer.clone(), &format!("node-{joined}"));
+    njs.publish(format!("$KV.{NEEDS}.{joined}.m0.config.k0"), r#"{"placeholder":"${config:name}","part":"api"}"#.into())
+        .await
+        .expect("sent")
+        .await
+        .expect("stored");
+    let acked = t.elapsed();
+    let query = serde_json::json!({"what":"needs","node":joined});
+    loop {
+        if tests::nats::answered_keys(&newcomer, query.clone(), Duration::from_secs(5)).await.is_ok_and(|k| k.len() == 1) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "the new node's need was never answered:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let answered = t.elapsed();
+    println!(
+        "a node joining the running mesh: pushed, its share made, logged in, its first need answered {:.0} ms after the push = {:.2}× its write acknowledged ({:.0} ms)",
+        answered.as_secs_f64() * 1e3,
+        answered.as_secs_f64() / acked.as_secs_f64(),
+        acked.as_secs_f64() * 1e3
     );
 
     // The verb asked by a node, against an echo of its size through the same import.

@@ -326,6 +326,9 @@ pub struct Cluster {
     pub leaf_ports: Vec<u16>,
     blocks: Vec<String>,
     passwords: Vec<(String, String)>,
+    /// Three servers and a host load both cores: a cluster's test takes turns with the other
+    /// heavy ones (`tests::heavy`) for as long as the cluster lives.
+    _heavy: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
@@ -341,7 +344,8 @@ impl Cluster {
             (0..n).map(|_| (mesh_provisioner::nats::embedded::free_port().unwrap(), mesh_provisioner::nats::embedded::free_port().unwrap())).collect();
         let passwords: Vec<(String, String)> =
             mesh_provisioner::nats::embedded::users().into_iter().map(|(_, u)| (u, mesh_provisioner::base::random::random_password().unwrap())).collect();
-        let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords };
+        let _heavy = crate::heavy().await;
+        let mut cluster = Cluster { servers: Vec::new(), parked: Vec::new(), ports: Vec::new(), leaf_ports: Vec::new(), blocks: Vec::new(), passwords, _heavy };
         for (i, (port, cport)) in ports.iter().enumerate() {
             let routes: Vec<String> = ports.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, (_, c))| format!("\"nats-route://127.0.0.1:{c}\"")).collect();
             // Each server tagged `s<i>`, so a test can place a stream on one server.

@@ -297,8 +297,11 @@ async fn a_three_server_cluster_keeps_answering_when_one_server_dies() {
     cluster.kill(2).await;
     let took = until_answering(&c, Duration::from_secs(60)).await;
     // And it keeps answering, not just once: twenty requests in a row.
+    // Each is waited for as long as a client would (the 500 ms of the polling above is a
+    // retry interval, not a bound on an answer): a loaded machine may be slow, never silent.
     for i in 0..20 {
-        assert!(answers(&c).await, "request {i} after losing a server was not answered:\n{}", host.log_text());
+        let answered = matches!(ask_within(&c, b"{}", Duration::from_secs(10)).await, Ok((None, _)));
+        assert!(answered, "request {i} after losing a server was not answered:\n{}", host.log_text());
     }
     println!("after killing one of three servers: answering again after {took:?}");
     host.stop().await;
