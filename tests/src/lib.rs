@@ -120,10 +120,19 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 /// Held for its whole run by a test that loads both cores for long (the chaos run, a thousand
 /// modules, a bucket of 150 000 values): two of them never run at once, so neither starves the
 /// other's servers (a source starved under the chaos run's faults once stalled past its bound).
+/// The lock is not reentrant: a test that holds it and then starts a [`nats::Cluster`] (which
+/// takes it too) would wait on itself, so a wait past [`HEAVY_WAIT`] fails the test saying so
+/// rather than hanging the run.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    HEAVY.lock().await
+    match tokio::time::timeout(HEAVY_WAIT, HEAVY.lock()).await {
+        Ok(guard) => guard,
+        Err(_) => panic!("waited {HEAVY_WAIT:?} for tests::heavy: a heavy test hangs, or this one already holds it (a Cluster takes it)"),
+    }
 }
+
+/// Longer than any two heavy tests take one after the other on two cores.
+pub const HEAVY_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Each module's state in a status answer, by `<node>/<module>`.
 pub fn states_of(v: &Value) -> std::collections::BTreeMap<String, String> {
