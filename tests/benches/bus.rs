@@ -16,7 +16,9 @@
 //! (uses `target/release/mesh-provisioner` when built, else the debug binary; `BENCH_KEYS` sets
 //! the large size, default 1 000 000; `BENCH_STARTS` how many full replays are measured, each
 //! against a floor measured just before it, default 3; `BENCH_WATCHES` compares ways of reading
-//! the floor's bucket instead of the starts).
+//! the floor's bucket instead of the starts; `BENCH_ANSWER` measures only the uncached answer:
+//! the host started with `--no-reply-cache`, the needs query at both sizes, quiet and while
+//! `BENCH_WRITES` writes a second, default 5 000, rewrite the node's other needs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use futures::StreamExt;
-use tests::bench::{cache_lookups, latencies, metric, pct, stale_between, stale_reasons, throughput, us};
+use tests::bench::{cache_lookups, guest_calls, latencies, metric, pct, stale_between, stale_reasons, throughput, us};
 use tests::nats::{Bus, Host};
 
 const NEEDS: &str = "mesh-provisioner_needs";
@@ -166,6 +168,84 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
         "{label}: host time per request, receipt to reply sent ($SRV.STATS average, all requests so far): {:.0} µs",
         endpoint["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
     );
+}
+
+/// `BENCH_ANSWER`: the uncached needs query at `label`, quiet and then while `BENCH_WRITES` writes
+/// a second rewrite the needs of alpha's other modules (`0..modules`, never the one asked), on a
+/// connection of their own as alpha's user: each phase against the echoes of the same moment.
+async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, query: &[u8], modules: usize, metrics: &str) {
+    let per_second: u64 = std::env::var("BENCH_WRITES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
+    {
+        // The host's own round trip without the guest: its `$SRV.PING`, answered by the serving
+        // loop itself, against the echo in a process of its own.
+        let ping = "$SRV.PING.mesh-provisioner";
+        let _ = latencies(c, ping, b"", 300).await;
+        let mut p = latencies(c, ping, b"", 3000).await;
+        let mut e = latencies(c, ECHO_PROCESS, query, 3000).await;
+        let (p50, e50) = (pct(&mut p, 0.5), pct(&mut e, 0.5));
+        println!(
+            "{label}: the host's $SRV.PING p50 {:.0} µs = {:.2}× the echo in a process of its own ({:.0} µs)",
+            us(p50),
+            p50.as_secs_f64() / e50.as_secs_f64(),
+            us(e50)
+        );
+    }
+    let calls = guest_calls(metrics).await;
+    measure(&format!("{label} uncached quiet"), c, sized, "mesh-provisioner.provisioning", query).await;
+    handle_calls(label, &calls, &guest_calls(metrics).await);
+    let writer = bus.client("node-alpha").await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let task = {
+        let (stop, written) = (stop.clone(), written.clone());
+        tokio::spawn(async move {
+            // A tick of 10 ms, the writes of a tick published at once (no ack awaited: the
+            // bus's rate, not the writer's round trips).
+            let per_tick = (per_second / 100).max(1);
+            let mut interval = tokio::time::interval(Duration::from_millis(10));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                interval.tick().await;
+                for _ in 0..per_tick {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let module = match (rng % modules as u64) as usize {
+                        420 => 421 % modules,
+                        m => m,
+                    };
+                    let subject = format!("$KV.{NEEDS}.alpha.m{module:06}.config.name{}", (rng >> 32) % 9);
+                    n += 1;
+                    let value = format!(r#"{{"placeholder":"${{config:name}}","part":"api","w":{n}}}"#);
+                    if writer.publish(subject, value.into()).await.is_ok() {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            let _ = writer.flush().await;
+        })
+    };
+    let began = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rate = written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
+    let calls = guest_calls(metrics).await;
+    measure(&format!("{label} uncached, {rate:.0} writes/s elsewhere"), c, sized, "mesh-provisioner.provisioning", query).await;
+    handle_calls(label, &calls, &guest_calls(metrics).await);
+    stop.store(true, Ordering::Relaxed);
+    let _ = task.await;
+    println!("{label}: {:.0} writes/s over the loaded phase", written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64());
+}
+
+/// The guest's `handle` calls between two reads of the metrics: how many, and their mean (the
+/// part of the host's time per request spent in the component).
+fn handle_calls(label: &str, before: &std::collections::BTreeMap<String, (f64, f64)>, after: &std::collections::BTreeMap<String, (f64, f64)>) {
+    let (n0, s0) = before.get("handle").copied().unwrap_or_default();
+    let (n1, s1) = after.get("handle").copied().unwrap_or_default();
+    if n1 > n0 {
+        println!("{label}: the guest's handle meanwhile: {:.0} calls, {:.1} µs each", n1 - n0, (s1 - s0) / (n1 - n0) * 1e6);
+    }
 }
 
 /// Pages `{"what":"status","node":…}` through at most `modules` modules: the pages, the time
@@ -346,16 +426,18 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
 async fn main() {
     let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     tests::nats::prefer_release_binary();
-    // The nodes' shares made large enough for the bench's keys (all alpha's): the example
-    // account's limits hold them up to a few hundred thousand keys; past that, `bootstrap`
-    // refuses to reserve more than the account may hold, and says so.
-    let keys = (large as i64) * 6 / 5 + 50_000;
+    // Each node's share made large enough for its third of the bench's keys: every shared
+    // bucket keeps room for every node's whole share, so a share of all the keys would ask the
+    // account for three times the room at each of the three buckets (past its 8 GB at 1M).
+    let keys = (large as i64) * 6 / 5 / 3 + 50_000;
     let bus = Bus::start_with(
         mesh_provisioner::nats::bucket::BucketLimits::default(),
         mesh_provisioner::nats::bucket::Share { max_bytes: keys * 256, max_keys: keys },
     )
     .await;
-    let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
+    let answer_only = std::env::var_os("BENCH_ANSWER").is_some();
+    let args: &[&str] = if answer_only { &["--http", "127.0.0.1:0", "--no-reply-cache"] } else { &["--http", "127.0.0.1:0"] };
+    let host = Host::start(&bus, args).await;
     let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");
     let c = bus.client("node-alpha").await;
@@ -423,7 +505,33 @@ async fn main() {
     let mut raw = fill(&bus, "alpha", 0, 1000).await;
     wait_for(&c, "alpha", 999).await;
     println!("needs at 10 000 keys (host RSS {} MiB)", tests::rss_kib(pid) / 1024);
-    measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
+    if answer_only {
+        measure_uncached("10k", &bus, &c, &sized, query, 1000, &metrics).await;
+    } else {
+        measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
+    }
+    if answer_only {
+        let per_node = (large / 10 / 3).max(1000);
+        raw += fill(&bus, "alpha", 1000, per_node).await;
+        raw += fill(&bus, "beta", 0, per_node).await;
+        raw += fill(&bus, "gamma", 0, per_node).await;
+        wait_for(&c, "gamma", per_node - 1).await;
+        let keys = per_node * 30;
+        println!("needs at {keys} keys ({} MiB raw)", raw >> 20);
+        // The mirror packs what a fill added on a thread of its own: measured once the host is
+        // idle again (under a tenth of a CPU over a second), not while it packs.
+        let settling = Instant::now();
+        loop {
+            let before = tests::bench::cpu_seconds(pid);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if tests::bench::cpu_seconds(pid) - before < 0.1 || settling.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+        }
+        println!("the host idle again {:.1} s after the fill", settling.elapsed().as_secs_f64());
+        measure_uncached(&format!("{}k", keys / 1000), &bus, &c, &sized, query, per_node, &metrics).await;
+        return;
+    }
     // Read-your-writes, the same query: naming the node's share at its last acknowledged write
     // (reached at once: two direct gets a shared bucket, then the answer), and consistent (the
     // bus's revision of the bucket read, one STREAM.INFO shared by the requests meanwhile).
