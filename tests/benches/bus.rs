@@ -209,9 +209,7 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
             while !stop.load(Ordering::Relaxed) {
                 interval.tick().await;
                 for _ in 0..per_tick {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
+                    tests::bench::xorshift(&mut rng);
                     let module = match (rng % modules as u64) as usize {
                         420 => 421 % modules,
                         m => m,

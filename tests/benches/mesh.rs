@@ -103,9 +103,7 @@ fn writes(c: Client, per_second: u64, stop: Arc<AtomicBool>, written: Arc<Atomic
         while !stop.load(Ordering::Relaxed) {
             interval.tick().await;
             for _ in 0..per_tick {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
+                tests::bench::xorshift(&mut rng);
                 let subject = need(&node((rng % NODES as u64) as usize), ((rng >> 20) % NEEDS_A_NODE as u64) as usize);
                 n += 1;
                 if c.publish(subject, value(n).into()).await.is_ok() {

@@ -149,3 +149,12 @@ pub async fn guest_calls(url: &str) -> std::collections::BTreeMap<String, (f64, 
     }
     calls
 }
+
+/// The next of a xorshift sequence from `state` (never 0): the benches' writers pick their keys
+/// by it, the same sequence every run.
+pub fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}

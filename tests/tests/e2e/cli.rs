@@ -143,27 +143,8 @@ async fn with_no_watch_only_sighup_swaps_a_changed_component() {
 async fn serve_without_a_bus_starts_its_own_and_query_finds_it_through_the_state_dir() {
     let state = tempfile::tempdir().unwrap();
     tests::nats::private(state.path());
+    let mut child = crate::serve_demo(state.path(), &[]).await;
     let log = state.path().join("host.log");
-    let mut child = tokio::process::Command::new(host_binary())
-        .args(["serve", "--demo", "--demo-every", "3s", "--seat-ttl", "2s", "--component"])
-        .arg(tests::component_path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .env("RUST_LOG", "info")
-        .env_remove("MESH_PROVISIONER_NATS_URL")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --demo");
-    let start = std::time::Instant::now();
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("demo mesh written") {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("serve --demo exited ({status}):\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "no demo mesh:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(logged.contains("embedded nats-server started"), "{logged}");
     let dir = state.path().to_str().unwrap();

@@ -35,3 +35,34 @@ mod trust;
 mod unavailable;
 mod upgrade;
 mod writers;
+
+/// `serve --demo` (and `extra`) with its state in `state`, no bus named, its log in
+/// `host.log` there; returned once it says the demo mesh is written, failing with its log if it
+/// exits first or says nothing for a minute.
+async fn serve_demo(state: &std::path::Path, extra: &[&str]) -> tokio::process::Child {
+    use std::time::{Duration, Instant};
+    let log = state.join("host.log");
+    let mut child = tokio::process::Command::new(tests::nats::host_binary())
+        .args(["serve", "--demo"])
+        .args(extra)
+        .args(["--demo-every", "3s", "--seat-ttl", "2s", "--component"])
+        .arg(tests::component_path())
+        .arg("--state-dir")
+        .arg(state)
+        .env("RUST_LOG", "info")
+        .env_remove("MESH_PROVISIONER_NATS_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("the host's log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --demo");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("demo mesh written") {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("serve --demo {extra:?} exited ({status}):\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no demo mesh:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child
+}

@@ -32,6 +32,15 @@ async fn render(bus: &Bus, nodes: &str, extra: &[&str]) -> Output {
     cli(&args).await
 }
 
+/// `bootstrap` as the operator, for the example nodes alpha, beta and gamma and then `extra`.
+async fn bootstrap(bus: &Bus, operator: &Path, extra: &[&str]) -> Output {
+    let component = tests::component_path();
+    let mut args = vec!["bootstrap", "--nats-url", bus.url(), "--creds", operator.to_str().expect("path")];
+    args.extend(["--component", component.to_str().expect("path"), "--node", "alpha", "--node", "beta", "--node", "gamma"]);
+    args.extend_from_slice(extra);
+    cli(&args).await
+}
+
 /// A client of `creds` (a file), with its user's inbox prefix, whose server errors are kept.
 async fn login(bus: &Bus, user: &str, creds: &Path) -> Result<(async_nats::Client, tokio::sync::mpsc::UnboundedReceiver<String>), String> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -85,27 +94,7 @@ async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_k
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("pushed"), "{}", said(&out));
     let operator = bus.creds_file(OPERATOR).expect("the operator's creds");
-    let component = tests::component_path();
-    let out = cli(&[
-        "bootstrap",
-        "--nats-url",
-        bus.url(),
-        "--creds",
-        operator.to_str().expect("path"),
-        "--component",
-        component.to_str().expect("path"),
-        "--node",
-        "alpha",
-        "--node",
-        "beta",
-        "--node",
-        "gamma",
-        "--node",
-        "delta",
-        "--provider",
-        "postgres",
-    ])
-    .await;
+    let out = bootstrap(&bus, &operator, &["--node", "delta", "--provider", "postgres"]).await;
     assert!(out.status.success(), "bootstrap gives delta its share: {}", said(&out));
 
     let (delta, mut delta_events) = login(&bus, "node-delta", &delta_creds).await.expect("delta logs in once pushed");
@@ -162,24 +151,7 @@ async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_k
     // longer sourced. Its keys stay, and its modules' status names them orphaned.
     let out = render(&bus, "alpha,beta,gamma", &["--push", bus.url()]).await;
     assert!(out.status.success() && said(&out).contains("(1 retired)"), "{}", said(&out));
-    let out = cli(&[
-        "bootstrap",
-        "--nats-url",
-        bus.url(),
-        "--creds",
-        operator.to_str().expect("path"),
-        "--component",
-        component.to_str().expect("path"),
-        "--node",
-        "alpha",
-        "--node",
-        "beta",
-        "--node",
-        "gamma",
-        "--retire-node",
-        "delta",
-    ])
-    .await;
+    let out = bootstrap(&bus, &operator, &["--retire-node", "delta"]).await;
     assert!(out.status.success() && said(&out).contains("no longer sources NODE_delta"), "{}", said(&out));
     let s = status_until(&alpha, "delta", "app", "its keys orphaned", |s| s["warnings"].to_string().contains("left the mesh")).await;
     assert!(s["warnings"].to_string().contains("mesh-provisioner_needs no longer sources its share"), "{s}");
@@ -197,27 +169,7 @@ async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_k
 async fn serve_demo_operator_runs_the_example_mesh_signed() {
     let state = tempfile::tempdir().expect("dir");
     tests::nats::private(state.path());
-    let log = state.path().join("host.log");
-    let mut child = tokio::process::Command::new(host_binary())
-        .args(["serve", "--demo", "--operator", "--demo-every", "3s", "--seat-ttl", "2s", "--component"])
-        .arg(tests::component_path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .env("RUST_LOG", "info")
-        .env_remove("MESH_PROVISIONER_NATS_URL")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --demo --operator");
-    let start = Instant::now();
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("demo mesh written") {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("serve --demo --operator exited ({status}):\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "no demo mesh:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut child = crate::serve_demo(state.path(), &["--operator"]).await;
     let dir = state.path().to_str().expect("path");
     let start = Instant::now();
     loop {
