@@ -196,35 +196,15 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
     let writer = bus.client("node-alpha").await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
-    let task = {
-        let (stop, written) = (stop.clone(), written.clone());
-        tokio::spawn(async move {
-            // A tick of 10 ms, the writes of a tick published at once (no ack awaited: the
-            // bus's rate, not the writer's round trips).
-            let per_tick = (per_second / 100).max(1);
-            let mut interval = tokio::time::interval(Duration::from_millis(10));
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                interval.tick().await;
-                for _ in 0..per_tick {
-                    tests::bench::xorshift(&mut rng);
-                    let module = match (rng % modules as u64) as usize {
-                        420 => 421 % modules,
-                        m => m,
-                    };
-                    let subject = format!("$KV.{NEEDS}.alpha.m{module:06}.config.name{}", (rng >> 32) % 9);
-                    n += 1;
-                    let value = format!(r#"{{"placeholder":"${{config:name}}","part":"api","w":{n}}}"#);
-                    if writer.publish(subject, value.into()).await.is_ok() {
-                        written.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            let _ = writer.flush().await;
-        })
+    // Alpha's other modules' needs, never the one asked.
+    let subject = move |r: u64| {
+        let module = match (r % modules as u64) as usize {
+            420 => 421 % modules,
+            m => m,
+        };
+        format!("$KV.{NEEDS}.alpha.m{module:06}.config.name{}", (r >> 32) % 9)
     };
+    let task = tests::bench::writes(writer, per_second, stop.clone(), written.clone(), subject);
     let began = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rate = written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
@@ -420,6 +400,36 @@ async fn measure_holders(label: &str, bus: &Bus, c: &Client, sized: &Sized, prov
     );
 }
 
+/// At 10k, beside the plain query: read-your-writes (by the node's share, and consistent), a
+/// node's write then its read, and when `full` status, holders and the plan verb.
+async fn read_your_writes_and_more(bus: &Bus, c: &Client, sized: &Sized, query: &[u8], full: bool, pings: &Arc<AtomicU64>, metrics: &str) {
+    // Read-your-writes, the same query: naming the node's share at its last acknowledged write
+    // (reached at once: two direct gets a shared bucket, then the answer), and consistent (the
+    // bus's revision of the bucket read, one STREAM.INFO shared by the requests meanwhile).
+    let seq = bus.put("node-alpha", NEEDS, "alpha.m000420.config.fresh", b"{}").await;
+    let fresh = format!(r#"{{"what":"needs","node":"alpha","module":"m000420","min_revision":{{"NODE_alpha":{seq}}}}}"#);
+    measure("10k min_revision", c, sized, "mesh-provisioner.provisioning", fresh.as_bytes()).await;
+    let consistent = br#"{"what":"needs","node":"alpha","module":"m000420","consistent":true}"#;
+    measure("10k consistent", c, sized, "mesh-provisioner.provisioning", consistent).await;
+    measure("10k plain again", c, sized, "mesh-provisioner.provisioning", query).await;
+    write_then_read(bus, c).await;
+    if full {
+        measure_status("10k", c, sized, pings, 1000).await;
+        bus.make_bucket("postgres_bound").await;
+        holders(bus, "small", 1000).await;
+        holders(bus, "db", 10_000).await;
+        measure_holders("10k", bus, c, sized, "small", 1000, metrics).await;
+        measure_holders("10k", bus, c, sized, "db", 10_000, metrics).await;
+
+        // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
+        plan_inputs(bus).await;
+        let plan_query = br#"{"node":"alpha","module":"m000420"}"#;
+        let plan = wait_planned(c).await;
+        println!("plan of one module: 2 builds, 10 needs each ({} bytes)", plan.to_string().len());
+        measure("plan", c, sized, "mesh-provisioner.plan", plan_query).await;
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let large: usize = std::env::var("BENCH_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
@@ -503,19 +513,24 @@ async fn main() {
     let mut raw = fill(&bus, "alpha", 0, 1000).await;
     wait_for(&c, "alpha", 999).await;
     println!("needs at 10 000 keys (host RSS {} MiB)", tests::rss_kib(pid) / 1024);
+    // BENCH_QUICK: the needs query, its narrowings and the cold start only.
+    let full = std::env::var_os("BENCH_QUICK").is_none();
     if answer_only {
         measure_uncached("10k", &bus, &c, &sized, query, 1000, &metrics).await;
     } else {
         measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
+        read_your_writes_and_more(&bus, &c, &sized, query, full, &pings, &metrics).await;
     }
+    let per_node = large / 10 / 3;
+    let t = Instant::now();
+    raw += fill(&bus, "alpha", 1000, per_node).await;
+    raw += fill(&bus, "beta", 0, per_node).await;
+    raw += fill(&bus, "gamma", 0, per_node + (large / 10) % 3).await;
+    wait_for(&c, "gamma", per_node + (large / 10) % 3 - 1).await;
+    let keys = (per_node * 2 + per_node + (large / 10) % 3) * 10;
+    println!("needs at {keys} keys (written and mirrored in {:.1} s)", t.elapsed().as_secs_f64());
+    let label = format!("{}k", keys / 1000);
     if answer_only {
-        let per_node = (large / 10 / 3).max(1000);
-        raw += fill(&bus, "alpha", 1000, per_node).await;
-        raw += fill(&bus, "beta", 0, per_node).await;
-        raw += fill(&bus, "gamma", 0, per_node).await;
-        wait_for(&c, "gamma", per_node - 1).await;
-        let keys = per_node * 30;
-        println!("needs at {keys} keys ({} MiB raw)", raw >> 20);
         // The mirror packs what a fill added on a thread of its own: measured once the host is
         // idle again (under a tenth of a CPU over a second), not while it packs.
         let settling = Instant::now();
@@ -527,46 +542,9 @@ async fn main() {
             }
         }
         println!("the host idle again {:.1} s after the fill", settling.elapsed().as_secs_f64());
-        measure_uncached(&format!("{}k", keys / 1000), &bus, &c, &sized, query, per_node, &metrics).await;
+        measure_uncached(&label, &bus, &c, &sized, query, per_node.max(1000), &metrics).await;
         return;
     }
-    // Read-your-writes, the same query: naming the node's share at its last acknowledged write
-    // (reached at once: two direct gets a shared bucket, then the answer), and consistent (the
-    // bus's revision of the bucket read, one STREAM.INFO shared by the requests meanwhile).
-    let seq = bus.put("node-alpha", NEEDS, "alpha.m000420.config.fresh", b"{}").await;
-    let fresh = format!(r#"{{"what":"needs","node":"alpha","module":"m000420","min_revision":{{"NODE_alpha":{seq}}}}}"#);
-    measure("10k min_revision", &c, &sized, "mesh-provisioner.provisioning", fresh.as_bytes()).await;
-    let consistent = br#"{"what":"needs","node":"alpha","module":"m000420","consistent":true}"#;
-    measure("10k consistent", &c, &sized, "mesh-provisioner.provisioning", consistent).await;
-    measure("10k plain again", &c, &sized, "mesh-provisioner.provisioning", query).await;
-    write_then_read(&bus, &c).await;
-    // BENCH_QUICK: the needs query, its narrowings and the cold start only.
-    let full = std::env::var_os("BENCH_QUICK").is_none();
-    if full {
-        measure_status("10k", &c, &sized, &pings, 1000).await;
-        bus.make_bucket("postgres_bound").await;
-        holders(&bus, "small", 1000).await;
-        holders(&bus, "db", 10_000).await;
-        measure_holders("10k", &bus, &c, &sized, "small", 1000, &metrics).await;
-        measure_holders("10k", &bus, &c, &sized, "db", 10_000, &metrics).await;
-
-        // One module's plan: wanted at b1, the indexer's newest b2, both published with 10 needs.
-        plan_inputs(&bus).await;
-        let plan_query = br#"{"node":"alpha","module":"m000420"}"#;
-        let plan = wait_planned(&c).await;
-        println!("plan of one module: 2 builds, 10 needs each ({} bytes)", plan.to_string().len());
-        measure("plan", &c, &sized, "mesh-provisioner.plan", plan_query).await;
-    }
-
-    let per_node = large / 10 / 3;
-    let t = Instant::now();
-    raw += fill(&bus, "alpha", 1000, per_node).await;
-    raw += fill(&bus, "beta", 0, per_node).await;
-    raw += fill(&bus, "gamma", 0, per_node + (large / 10) % 3).await;
-    wait_for(&c, "gamma", per_node + (large / 10) % 3 - 1).await;
-    let keys = (per_node * 2 + per_node + (large / 10) % 3) * 10;
-    println!("needs at {keys} keys (written and mirrored in {:.1} s)", t.elapsed().as_secs_f64());
-    let label = format!("{}k", keys / 1000);
     measure(&label, &c, &sized, "mesh-provisioner.provisioning", query).await;
     if full {
         measure_status(&label, &c, &sized, &pings, 10_000.min(per_node)).await;

@@ -81,37 +81,10 @@ async fn fill(c: &Client) {
     let keys: Vec<String> = (0..NODES).flat_map(|n| (0..NEEDS_A_NODE).map(move |k| need(&node(n), k))).collect();
     let mut acks = futures::stream::iter(keys.into_iter().map(|subject| {
         let js = js.clone();
-        async move { js.publish(subject, value(0).into()).await.expect("publish").await.expect("stored") }
+        async move { js.publish(subject, tests::bench::need_value(0).into()).await.expect("publish").await.expect("stored") }
     }))
     .buffer_unordered(256);
     while acks.next().await.is_some() {}
-}
-
-fn value(n: u64) -> Vec<u8> {
-    format!(r#"{{"placeholder":"${{config:name}}","part":"api","w":{n}}}"#).into_bytes()
-}
-
-/// Writes `per_second` needs a second, each of a node and a need picked at random, until `stop`.
-fn writes(c: Client, per_second: u64, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let tick = Duration::from_millis(10);
-        let per_tick = (per_second / 100).max(1);
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut n = 0;
-        while !stop.load(Ordering::Relaxed) {
-            interval.tick().await;
-            for _ in 0..per_tick {
-                tests::bench::xorshift(&mut rng);
-                let subject = need(&node((rng % NODES as u64) as usize), ((rng >> 20) % NEEDS_A_NODE as u64) as usize);
-                n += 1;
-                if c.publish(subject, value(n).into()).await.is_ok() {
-                    written.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-    })
 }
 
 struct Run {
@@ -179,7 +152,11 @@ async fn bench() {
     for writing in [false, true] {
         let stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(AtomicU64::new(0));
-        let writer = writing.then(|| writes(c.clone(), per_second, stop.clone(), written.clone()));
+        let writer = writing.then(|| {
+            // Each write to a node and a need picked at random.
+            let subject = |r: u64| need(&node((r % NODES as u64) as usize), ((r >> 20) % NEEDS_A_NODE as u64) as usize);
+            tests::bench::writes(c.clone(), per_second, stop.clone(), written.clone(), subject)
+        });
         let began = Instant::now();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let echo = run(&c, ECHO, &bodies, phase).await;

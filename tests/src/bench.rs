@@ -150,11 +150,44 @@ pub async fn guest_calls(url: &str) -> std::collections::BTreeMap<String, (f64, 
     calls
 }
 
-/// The next of a xorshift sequence from `state` (never 0): the benches' writers pick their keys
-/// by it, the same sequence every run.
-pub fn xorshift(state: &mut u64) -> u64 {
+/// The next of a xorshift sequence from `state` (never 0), the same sequence every run.
+fn xorshift(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;
     *state
+}
+
+/// A need's value as the benches write it, `n` making each write differ from the last.
+pub fn need_value(n: u64) -> Vec<u8> {
+    format!(r#"{{"placeholder":"${{config:name}}","part":"api","w":{n}}}"#).into_bytes()
+}
+
+/// Writes `per_second` needs a second through `c` until `stop`, each to the subject `subject`
+/// picks from the next random number: a tick of 10 ms, the writes of a tick published at once
+/// (no ack awaited: the bus's rate, not the writer's round trips), each counted in `written`.
+pub fn writes(
+    c: Client,
+    per_second: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    written: Arc<AtomicU64>,
+    subject: impl Fn(u64) -> String + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let per_tick = (per_second / 100).max(1);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut interval = tokio::time::interval(Duration::from_millis(10));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            interval.tick().await;
+            for _ in 0..per_tick {
+                n += 1;
+                if c.publish(subject(xorshift(&mut rng)), need_value(n).into()).await.is_ok() {
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let _ = c.flush().await;
+    })
 }
