@@ -6,9 +6,10 @@ use super::*;
 
 impl NatsBackend {
     /// Writes a module's state record as the guest decided it: compare-and-set on `expected`
-    /// (0: none may exist), an empty `value` deletes it. Only while the seat is held; the
-    /// mirror is waited for (briefly) so the next decision reads this write.
-    pub async fn write_state(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<()> {
+    /// (0: none may exist), an empty `value` deletes it. Only while the seat is held. The
+    /// revision written (none for a delete): the caller waits for the mirror to show the last
+    /// of a batch ([`NatsBackend::settle_states`]) rather than for each record in turn.
+    pub async fn write_state(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<Option<u64>> {
         self.check_writable()?;
         crate::base::wire::check_subject(key, false)?;
         if value.is_empty() {
@@ -16,11 +17,16 @@ impl NatsBackend {
             return bounded(|| format!("deleting state record {key}"), async {
                 self.states.delete_expect_revision(key, Some(expected)).await.map_err(|e| update_err("state record delete", e))
             })
-            .await;
+            .await
+            .map(|()| None);
         }
-        let rev = cas_put(&self.states, "state record", key, value, expected).await?;
-        self.settle(STATES_BUCKET, rev).await;
-        Ok(())
+        cas_put(&self.states, "state record", key, value, expected).await.map(Some)
+    }
+
+    /// Waits (briefly) until the states mirror shows `revision`, so the next decision reads
+    /// the records written up to it.
+    pub async fn settle_states(&self, revision: u64) {
+        self.settle(STATES_BUCKET, revision).await;
     }
 }
 
