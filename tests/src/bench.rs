@@ -130,6 +130,19 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// Waits until the process `pid` is idle again (under a tenth of a CPU over a second) or
+/// `cap` passed; how long it waited.
+pub async fn idle(pid: u32, cap: std::time::Duration) -> std::time::Duration {
+    let settling = std::time::Instant::now();
+    loop {
+        let before = cpu_seconds(pid);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if cpu_seconds(pid) - before < 0.1 || settling.elapsed() > cap {
+            return settling.elapsed();
+        }
+    }
+}
+
 /// Each guest export's calls so far, and the seconds spent in them.
 pub async fn guest_calls(url: &str) -> std::collections::BTreeMap<String, (f64, f64)> {
     let (_, _, text) = crate::browser::get(url).await;

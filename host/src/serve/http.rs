@@ -55,6 +55,9 @@ const PAGE_MODULES: usize = 100;
 /// After each call, the read waits as long as the call took: a long read (100 000 modules)
 /// takes at most half the one thread from the verbs.
 const READ_YIELD: u32 = 1;
+/// A read is reused this many times as long as it took: at half the thread while it reads
+/// ([`READ_YIELD`]), scrapes of a hundred thousand modules cost a tenth of it, not half.
+const REUSE_FOR: u32 = 5;
 /// The reply budget of a status page read for the page (a NATS reply is no bigger).
 const PAGE_BUDGET: u32 = 1 << 20;
 
@@ -127,8 +130,8 @@ fn strip_port(host: &str) -> &str {
 struct StatusRead {
     value: Arc<Value>,
     text: bytes::Bytes,
-    /// How long the read took: it is reused at least as long (a read of a big mesh is never
-    /// started again at once).
+    /// How long the read took: it is reused [`REUSE_FOR`] times as long (a read of a big mesh
+    /// is never started again at once, and reads take at most a tenth of the one thread).
     took: Duration,
 }
 
@@ -444,7 +447,7 @@ async fn snapshot(h: &Arc<Http>) -> Result<Arc<StatusRead>> {
     let last = h.snapshot.last.locked().0.clone();
     match last {
         Some((at, s)) => {
-            if at.elapsed() >= SNAPSHOT_FOR.max(s.took) {
+            if at.elapsed() >= SNAPSHOT_FOR.max(s.took * REUSE_FOR) {
                 refresh(h);
             }
             return Ok(s);
