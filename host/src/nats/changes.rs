@@ -113,6 +113,9 @@ impl Changes {
 /// ```text
 /// while let Some(batch) = work.take_batch() { call the guest: answered(rest) / guest_failed / left }
 /// ```
+/// Most changes one call of the guest is handed.
+pub const MOST_A_CALL: usize = 256;
+
 #[derive(Default)]
 pub struct Split {
     work: Vec<Vec<Change>>,
@@ -124,9 +127,16 @@ impl Split {
         Split { work: vec![batch], given_up: Vec::new() }
     }
 
-    /// The next batch to hand to the guest.
+    /// The next batch to hand to the guest: at most [`MOST_A_CALL`] changes, the others
+    /// waiting under what the guest hands back. A backlog of thousands of changes (a mesh
+    /// written faster than its states are found) is then not handed over, and back, whole at
+    /// every call: a call costs what it decides, not what waits.
     pub fn take_batch(&mut self) -> Option<Vec<Change>> {
-        while let Some(batch) = self.work.pop() {
+        while let Some(mut batch) = self.work.pop() {
+            if batch.len() > MOST_A_CALL {
+                let later = batch.split_off(MOST_A_CALL);
+                self.work.push(later);
+            }
             if !batch.is_empty() {
                 return Some(batch);
             }
@@ -241,6 +251,27 @@ mod tests {
         assert!(!answered.contains(&bad));
         assert!(calls <= 7, "halves, not one call per change and more: {calls}");
         assert_eq!(work.given_up(), vec![(bad, "trapped".to_string())]);
+    }
+
+    #[test]
+    fn a_backlog_is_handed_over_a_bounded_batch_at_a_time_and_nothing_is_lost() {
+        let backlog: Vec<Change> = (0..MOST_A_CALL * 2 + 1).map(|i| change("b", Some(&format!("k{i:04}")))).collect();
+        let mut work = Split::new(backlog.clone());
+        let (mut seen, mut sizes) = (Vec::new(), Vec::new());
+        let handed_back = change("b", Some("again"));
+        while let Some(batch) = work.take_batch() {
+            sizes.push(batch.len());
+            if batch == [handed_back.clone()] {
+                continue;
+            }
+            // The guest decides the batch and hands a change back, as a rest, each call.
+            seen.extend(batch);
+            work.answered(vec![handed_back.clone()]);
+        }
+        assert!(sizes.iter().all(|&n| n <= MOST_A_CALL), "batches of {sizes:?}");
+        assert_eq!(sizes[0], MOST_A_CALL);
+        seen.sort();
+        assert_eq!(seen, backlog, "every change handed over exactly once");
     }
 
     #[test]
