@@ -210,6 +210,7 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rate = written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
     let calls = guest_calls(metrics).await;
+    // Under the writes the host is never idle: this gives a read the scrape set off 5 s at most.
     let _ = tests::bench::idle(pid, Duration::from_secs(5)).await;
     measure(&format!("{label} uncached, {rate:.0} writes/s elsewhere"), c, sized, "mesh-provisioner.provisioning", query).await;
     handle_calls(label, &calls, &guest_calls(metrics).await);

@@ -103,6 +103,9 @@ impl Changes {
     }
 }
 
+/// Most changes one call of the guest is handed.
+pub const MOST_A_CALL: usize = 256;
+
 /// The batches of changes still to hand to the guest, split where it fails: a batch the guest
 /// fails (a trap, its deadline, its memory: the same input would fail the same way) is tried in
 /// halves, each on its own, down to the single changes it fails on, which are given up with
@@ -113,9 +116,6 @@ impl Changes {
 /// ```text
 /// while let Some(batch) = work.take_batch() { call the guest: answered(rest) / guest_failed / left }
 /// ```
-/// Most changes one call of the guest is handed.
-pub const MOST_A_CALL: usize = 256;
-
 #[derive(Default)]
 pub struct Split {
     work: Vec<Vec<Change>>,
