@@ -69,8 +69,11 @@ async fn within_deadline<T>(
 /// depends on (the part of the mirror it `reach`es), for the reply cache.
 async fn mirror(ctx: &mut Ctx, bucket: &str, reach: Reach) -> R<std::sync::Arc<crate::store::mirror::Mirror>> {
     let m = within_deadline(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
-    let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach));
-    ctx.record(read);
+    // Worked out only for a call whose reply may be kept (never with the cache off).
+    if ctx.reads.is_some() {
+        let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach));
+        ctx.record(read);
+    }
     m
 }
 
