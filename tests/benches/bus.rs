@@ -4,7 +4,9 @@
 //! with 32 concurrent requesters, and the host's resident memory against the raw bytes of the
 //! mirrored keys and values. Two floors: an echo of the request (the bus's round trip), and a
 //! "sized" echo that replies with exactly the bytes of the verb's reply, so the ratio measures
-//! the server's work rather than a bigger message. The requests are made as a node's user, in
+//! the server's work rather than a bigger message. The floors and the verb are asked in turns,
+//! a request of each (the throughputs in turns of half a second), so a noisy moment of the
+//! machine falls on all of them alike. The requests are made as a node's user, in
 //! the node's own account, and the echoes answered as the provisioner's serving user on
 //! `$SRV.ECHO.mesh-provisioner.…`: the verb and its echoes cross the same service import; the
 //! vault's stand-in counts the discovery pings `status` sends. At the end, starts at
@@ -18,7 +20,9 @@
 //! against a floor measured just before it, default 3; `BENCH_WATCHES` compares ways of reading
 //! the floor's bucket instead of the starts; `BENCH_ANSWER` measures only the uncached answer:
 //! the host started with `--no-reply-cache`, the needs query at both sizes, quiet and while
-//! `BENCH_WRITES` writes a second, default 5 000, rewrite the node's other needs).
+//! `BENCH_WRITES` writes a second, default 5 000, rewrite the node's other needs; each phase
+//! also says the host's and the echo process's CPU time a request, the guest's `handle` asked
+//! one request at a time, and the state recorder's calls meanwhile).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use futures::StreamExt;
-use tests::bench::{cache_lookups, guest_calls, latencies, metric, pct, stale_between, stale_reasons, throughput, us};
+use tests::bench::{cache_lookups, guest_calls, latencies, latencies_interleaved, metric, pct, stale_between, stale_reasons, throughput_interleaved, us};
 use tests::nats::{Bus, Host};
 
 const NEEDS: &str = "mesh-provisioner_needs";
@@ -142,11 +146,10 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
     for subject in [ECHO, ECHO_PROCESS, SIZED, verb] {
         let _ = latencies(c, subject, query, 200).await;
     }
-    let mut other = latencies(c, ECHO_PROCESS, query, n).await;
+    // In turns, one request of each, so that the floors and the verb share the machine's moods.
+    let [mut other, mut echo, mut floor, mut times]: [Vec<Duration>; 4] =
+        latencies_interleaved(c, &[ECHO_PROCESS, ECHO, SIZED, verb], query, n).await.try_into().expect("four subjects, four lists");
     let o50 = pct(&mut other, 0.5);
-    let mut echo = latencies(c, ECHO, query, n).await;
-    let mut floor = latencies(c, SIZED, query, n).await;
-    let mut times = latencies(c, verb, query, n).await;
     let (e50, e99, f50, f99, v50, v99) =
         (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut floor, 0.5), pct(&mut floor, 0.99), pct(&mut times, 0.5), pct(&mut times, 0.99));
     println!(
@@ -156,10 +159,8 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
         us(v99), v99.as_secs_f64() / e99.as_secs_f64(), v99.as_secs_f64() / f99.as_secs_f64()
     );
     println!("{label}: echo in a process of its own p50 {:.0} µs | verb p50 {:.2}× that echo", us(o50), v50.as_secs_f64() / o50.as_secs_f64());
-    let d = Duration::from_secs(3);
-    let et = throughput(c, ECHO, query, 32, d).await;
-    let ft = throughput(c, SIZED, query, 32, d).await;
-    let vt = throughput(c, verb, query, 32, d).await;
+    let rates = throughput_interleaved(c, &[ECHO, SIZED, verb], query, 32, Duration::from_secs(3), Duration::from_millis(500)).await;
+    let (et, ft, vt) = (rates[0], rates[1], rates[2]);
     println!("{label}: 32 requesters: echo {et:.0} req/s, sized echo {ft:.0} req/s, verb {vt:.0} req/s ({:.2}× echo, {:.2}× sized)", vt / et, vt / ft);
     let stats = c.request("$SRV.STATS.mesh-provisioner", "".into()).await.expect("STATS");
     let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap_or_default();
@@ -174,24 +175,31 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
 /// a second rewrite the needs of alpha's other modules (`0..modules`, never the one asked), on a
 /// connection of their own as alpha's user: each phase against the echoes of the same moment.
 #[allow(clippy::too_many_arguments)]
-async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, query: &[u8], modules: usize, metrics: &str, pid: u32) {
+async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, query: &[u8], modules: usize, metrics: &str, pid: u32, echo_pid: u32) {
     let per_second: u64 = std::env::var("BENCH_WRITES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
     {
         // The host's own round trip without the guest: its `$SRV.PING`, answered by the serving
         // loop itself, against the echo in a process of its own.
         let ping = "$SRV.PING.mesh-provisioner";
         let _ = latencies(c, ping, b"", 300).await;
+        let host = tests::bench::cpu_time(pid);
         let mut p = latencies(c, ping, b"", 3000).await;
+        let host = (tests::bench::cpu_time(pid) - host) / 3000;
+        let other = tests::bench::cpu_time(echo_pid);
         let mut e = latencies(c, ECHO_PROCESS, query, 3000).await;
+        let other = (tests::bench::cpu_time(echo_pid) - other) / 3000;
         let (p50, e50) = (pct(&mut p, 0.5), pct(&mut e, 0.5));
         println!(
-            "{label}: the host's $SRV.PING p50 {:.0} µs = {:.2}× the echo in a process of its own ({:.0} µs)",
+            "{label}: the host's $SRV.PING p50 {:.0} µs = {:.2}× the echo in a process of its own ({:.0} µs); CPU a request: the host {:.1} µs, the echo's process {:.1} µs",
             us(p50),
             p50.as_secs_f64() / e50.as_secs_f64(),
-            us(e50)
+            us(e50),
+            us(host),
+            us(other)
         );
     }
     let calls = quiet_calls(metrics, pid).await;
+    one_at_a_time(&format!("{label} quiet"), c, query, metrics, pid).await;
     measure(&format!("{label} uncached quiet"), c, sized, "mesh-provisioner.provisioning", query).await;
     handle_calls(label, &calls, &guest_calls(metrics).await);
     let writer = bus.client("node-alpha").await;
@@ -212,11 +220,24 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
     let calls = guest_calls(metrics).await;
     // Under the writes the host is never idle: this gives a read the scrape set off 5 s at most.
     let _ = tests::bench::idle(pid, Duration::from_secs(5)).await;
+    one_at_a_time(&format!("{label} {rate:.0} writes/s"), c, query, metrics, pid).await;
     measure(&format!("{label} uncached, {rate:.0} writes/s elsewhere"), c, sized, "mesh-provisioner.provisioning", query).await;
     handle_calls(label, &calls, &guest_calls(metrics).await);
     stop.store(true, Ordering::Relaxed);
     let _ = task.await;
     println!("{label}: {:.0} writes/s over the loaded phase", written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64());
+}
+
+/// The guest's `handle` when asked one request at a time, as the p50 is measured (the mean the
+/// loaded phases print is mostly the 32 requesters' calls, on caches they keep warm).
+async fn one_at_a_time(label: &str, c: &Client, query: &[u8], metrics: &str, pid: u32) {
+    let before = guest_calls(metrics).await;
+    let cpu = tests::bench::cpu_time(pid);
+    let mut times = latencies(c, "mesh-provisioner.provisioning", query, 2000).await;
+    let cpu = (tests::bench::cpu_time(pid) - cpu) / 2000;
+    let after = guest_calls(metrics).await;
+    print!("{label}: one at a time p50 {:.0} µs, the host's CPU {:.1} µs a request; ", us(pct(&mut times, 0.5)), us(cpu));
+    handle_calls(label, &before, &after);
 }
 
 /// The guest's calls so far, read once the host is idle: a scrape of `/metrics` refreshes the
@@ -235,6 +256,17 @@ fn handle_calls(label: &str, before: &std::collections::BTreeMap<String, (f64, f
     let (n1, s1) = after.get("handle").copied().unwrap_or_default();
     if n1 > n0 {
         println!("{label}: the guest's handle meanwhile: {:.0} calls, {:.1} µs each", n1 - n0, (s1 - s0) / (n1 - n0) * 1e6);
+    }
+    // The state recorder's calls share the thread with the verb's.
+    let (t0, u0) = before.get("transitions").copied().unwrap_or_default();
+    let (t1, u1) = after.get("transitions").copied().unwrap_or_default();
+    if t1 > t0 {
+        println!(
+            "{label}: the guest's transitions meanwhile: {:.0} calls, {:.1} ms in all, {:.0} µs each",
+            t1 - t0,
+            (u1 - u0) * 1e3,
+            (u1 - u0) / (t1 - t0) * 1e6
+        );
     }
 }
 
@@ -506,6 +538,7 @@ async fn main() {
         let mut line = String::new();
         tokio::io::BufReader::new(out).read_line(&mut line).await.expect("echo says ready");
     }
+    let echo_pid = echo_process.id().unwrap_or_default();
     let query = br#"{"what":"needs","node":"alpha","module":"m000420"}"#;
 
     // The mesh's default byte limit (256 MiB a bucket, discard new) holds about 1.9M of these
@@ -528,7 +561,7 @@ async fn main() {
     // BENCH_QUICK: the needs query, its narrowings and the cold start only.
     let full = std::env::var_os("BENCH_QUICK").is_none();
     if answer_only {
-        measure_uncached("10k", &bus, &c, &sized, query, 1000, &metrics, pid).await;
+        measure_uncached("10k", &bus, &c, &sized, query, 1000, &metrics, pid, echo_pid).await;
     } else {
         measure("10k", &c, &sized, "mesh-provisioner.provisioning", query).await;
         read_your_writes_and_more(&bus, &c, &sized, query, full, &pings, &metrics).await;
@@ -547,7 +580,7 @@ async fn main() {
         // idle again, not while it packs.
         let waited = tests::bench::idle(pid, Duration::from_secs(120)).await;
         println!("the host idle again {:.1} s after the fill", waited.as_secs_f64());
-        measure_uncached(&label, &bus, &c, &sized, query, per_node.max(1000), &metrics, pid).await;
+        measure_uncached(&label, &bus, &c, &sized, query, per_node.max(1000), &metrics, pid, echo_pid).await;
         return;
     }
     measure(&label, &c, &sized, "mesh-provisioner.provisioning", query).await;

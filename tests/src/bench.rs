@@ -46,6 +46,42 @@ pub async fn latencies(c: &Client, subject: &str, body: &[u8], n: usize) -> Vec<
     out
 }
 
+/// `n` rounds of one round trip on each of `subjects`, in turn (each round starting one further
+/// along): each subject's times, taken at the same moments as the others', so a machine that
+/// slows down for a while slows each of them alike rather than whichever ran then.
+pub async fn latencies_interleaved(c: &Client, subjects: &[&str], body: &[u8], n: usize) -> Vec<Vec<Duration>> {
+    let mut out = vec![Vec::with_capacity(n); subjects.len()];
+    for round in 0..n {
+        for i in 0..subjects.len() {
+            let at = (round + i) % subjects.len();
+            let t = Instant::now();
+            let m = c.request(subjects[at].to_string(), body.to_vec().into()).await.expect("reply");
+            out[at].push(t.elapsed());
+            std::hint::black_box(m);
+        }
+    }
+    out
+}
+
+/// Requests a second answered on each of `subjects` by `tasks` requesters asking `body`, in
+/// turns of `turn` until each had `for_`: like [`latencies_interleaved`], each figure from the
+/// same stretch of the machine's time as the others.
+pub async fn throughput_interleaved(c: &Client, subjects: &[&str], body: &[u8], tasks: usize, for_: Duration, turn: Duration) -> Vec<f64> {
+    let bodies = vec![body.to_vec(); tasks];
+    let (mut answered, mut spent) = (vec![0usize; subjects.len()], vec![Duration::ZERO; subjects.len()]);
+    let turns = (for_.as_secs_f64() / turn.as_secs_f64()).ceil().max(1.0) as usize;
+    for round in 0..turns {
+        for i in 0..subjects.len() {
+            let at = (round + i) % subjects.len();
+            let t = Instant::now();
+            let (_, times) = requesters(c, subjects[at], &bodies, turn).await;
+            spent[at] += t.elapsed();
+            answered[at] += times.len();
+        }
+    }
+    answered.iter().zip(&spent).map(|(n, d)| *n as f64 / d.as_secs_f64()).collect()
+}
+
 /// Requests a second answered on `subject` by `tasks` requesters asking `body` for `for_`.
 pub async fn throughput(c: &Client, subject: &str, body: &[u8], tasks: usize, for_: Duration) -> f64 {
     let bodies = vec![body.to_vec(); tasks];
@@ -128,6 +164,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command; 100 a second.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Time process `pid` has spent on a CPU so far, all its threads, to the nanosecond (the
+/// scheduler's own count, `/proc/<pid>/task/*/schedstat`).
+pub fn cpu_time(pid: u32) -> Duration {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 /// Waits until the process `pid` is idle again (under a tenth of a CPU over a second) or
