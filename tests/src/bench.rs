@@ -36,14 +36,7 @@ pub fn us(d: Duration) -> f64 {
 
 /// `n` round trips of `body` on `subject`, one after another.
 pub async fn latencies(c: &Client, subject: &str, body: &[u8], n: usize) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let m = c.request(subject.to_string(), body.to_vec().into()).await.expect("reply");
-        out.push(t.elapsed());
-        std::hint::black_box(m);
-    }
-    out
+    latencies_interleaved(c, &[subject], body, n).await.pop().unwrap_or_default()
 }
 
 /// `n` rounds of one round trip on each of `subjects`, in turn (each round starting one further
@@ -156,14 +149,9 @@ pub async fn cache_lookups(url: &str) -> (f64, f64) {
     )
 }
 
-/// CPU seconds (user and system) process `pid` has used so far.
+/// CPU seconds (user and system) process `pid` has used so far ([`cpu_time`]).
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command (which may hold spaces), from its closing parenthesis.
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command; 100 a second.
-    (ticks(11) + ticks(12)) / 100.0
+    cpu_time(pid).as_secs_f64()
 }
 
 /// Time process `pid` has spent on a CPU so far, all its threads, to the nanosecond (the

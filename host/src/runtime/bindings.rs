@@ -69,11 +69,7 @@ async fn within_deadline<T>(
 /// depends on (the part of the mirror it `reach`es), for the reply cache.
 async fn mirror(ctx: &mut Ctx, bucket: &str, reach: Reach) -> R<std::sync::Arc<crate::store::mirror::Mirror>> {
     let m = within_deadline(ctx.deadline, || format!("the wait for {bucket}'s mirror to be in sync"), ctx.backend.mirror(bucket)).await;
-    // Worked out only for a call whose reply may be kept (never with the cache off).
-    if ctx.reads.is_some() {
-        let read = m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach));
-        ctx.record(read);
-    }
+    record(&mut ctx.reads, || m.as_ref().ok().and_then(|m| super::Read::of_mirror(bucket, m, reach)));
     m
 }
 
@@ -151,7 +147,7 @@ impl discovery::Host for Ctx {
     async fn responders(&mut self, service: String) -> R<u32> {
         let count = within_deadline(self.deadline, || format!("discovery of {service}"), self.backend.responders(&service)).await;
         // A reply that used a count is kept only while the count holds (never one that failed).
-        self.record(count.as_ref().ok().and_then(|c| super::Read::of_count(&service, c)));
+        record(&mut self.reads, || count.as_ref().ok().and_then(|c| super::Read::of_count(&service, c)));
         count.map(|c| c.responders)
     }
 }
@@ -190,16 +186,18 @@ impl Ctx {
     /// Records a read of the kept plans' failures (held in memory), at their version before
     /// the read.
     fn read_kept(&mut self) {
-        let version = self.backend.kept().version();
-        self.record(Some(super::Read::Kept { version }));
+        record(&mut self.reads, || Some(super::Read::Kept { version: self.backend.kept().version() }));
     }
+}
 
-    /// Records what a read depends on; `None` (nothing could say) leaves the reply unkept.
-    fn record(&mut self, read: Option<super::Read>) {
-        match (read, self.reads.as_mut()) {
-            (Some(r), Some(reads)) => reads.push(r),
-            _ => self.reads = None,
-        }
+/// Records what a read depends on in a call's `reads`; `None` (nothing could say) leaves the
+/// reply unkept. `read` is worked out only while the reply may still be kept: never with the
+/// reply cache off, nor after a read that made it unkept.
+fn record(reads: &mut Option<Vec<super::Read>>, read: impl FnOnce() -> Option<super::Read>) {
+    let Some(kept) = reads.as_mut() else { return };
+    match read() {
+        Some(r) => kept.push(r),
+        None => *reads = None,
     }
 }
 
