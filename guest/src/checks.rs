@@ -15,7 +15,7 @@ use crate::escape::is_identifier;
 use crate::keys::{parse_assignment, APPLIED, ASSIGNMENTS};
 use crate::provision::{self, Need, Resolved};
 use crate::reconcile::scan_all;
-use crate::value::{Flat, Object};
+use crate::value::{write_u64, Flat, Object};
 
 /// What a check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +244,12 @@ pub(crate) fn check(
             let place = Place::Verb { domain: domain.to_string(), verb: verb.to_string() };
             let assigned = provider_once(env, domain, providers);
             let (check, why) = match (providers.responders(env, domain), &assigned) {
-                (Ok(n), _) if n > 0 => (Check::Answered { responders: n }, format!("{n} instance(s) of {domain} answer")),
+                (Ok(n), _) if n > 0 => {
+                    let mut why = String::new();
+                    write_u64(&mut why, u64::from(n));
+                    why.extend([" instance(s) of ", domain, " answer"]);
+                    (Check::Answered { responders: n }, why)
+                }
                 (Err(e), _) => (Check::Unknown, format!("discovery of {domain} could not be made now: {e}")),
                 (Ok(_), Err(e)) => (Check::Unknown, format!("no instance of {domain} answers discovery, and its assignments could not be read now: {e}")),
                 (Ok(_), Ok(p)) => match p.nodes.first() {
@@ -311,14 +316,20 @@ pub(crate) fn check(
                     Ok(Some(e)) => {
                         let value = [need.kind.as_str(), ":", &need.name].concat();
                         match applied.and_then(|a| a.get(&value)).copied() {
-                            Some(a) if a < e.revision => (
-                                Check::Stale { applied: a, revision: e.revision },
-                                format!("{value} was applied at revision {a}; revision {} is at {bucket} {place} now", e.revision),
-                            ),
-                            Some(a) => (
-                                Check::Present { revision: e.revision, applied: Some(a) },
-                                format!("revision {} is at {bucket} {place}, as applied", e.revision),
-                            ),
+                            Some(a) if a < e.revision => {
+                                let mut why = [value.as_str(), " was applied at revision "].concat();
+                                write_u64(&mut why, a);
+                                why.push_str("; revision ");
+                                write_u64(&mut why, e.revision);
+                                why.extend([" is at ", &bucket, " ", &place, " now"]);
+                                (Check::Stale { applied: a, revision: e.revision }, why)
+                            }
+                            Some(a) => {
+                                let mut why = String::from("revision ");
+                                write_u64(&mut why, e.revision);
+                                why.extend([" is at ", &bucket, " ", &place, ", as applied"]);
+                                (Check::Present { revision: e.revision, applied: Some(a) }, why)
+                            }
                             None => (Check::Present { revision: e.revision, applied: None }, ["a value is at ", &bucket, " ", &place].concat()),
                         }
                     }

@@ -36,7 +36,7 @@ impl Record {
 /// The record of `<node>.<module>` and its revision; `None` when there is none or it cannot
 /// be read (a damaged record is written over at the next change, never trusted).
 pub fn read(env: &dyn Env, node: &str, module: &str) -> Result<Option<(Record, u64)>, HostError> {
-    let Some(e) = env.get(STATES, &format!("{node}.{module}"))? else { return Ok(None) };
+    let Some(e) = env.get(STATES, &[node, ".", module].concat())? else { return Ok(None) };
     Ok(match serde_json::from_slice::<Record>(&e.value) {
         Ok(r) => Some((r, e.revision)),
         // Unreadable: kept as a revision to write over, with no state anything equals.

@@ -122,11 +122,20 @@ impl ModuleStatus {
 /// The first few `kind:name (reason)` of `needs`, for a module's reason.
 fn summary(needs: &[&NeedStatus]) -> String {
     const SHOWN: usize = 3;
-    let mut s: Vec<String> = needs.iter().take(SHOWN).map(|n| format!("{}:{} ({})", n.kind, n.name, n.reason)).collect();
-    if needs.len() > SHOWN {
-        s.push(format!("and {} more", needs.len() - SHOWN));
+    // Joined by hand: every module the state sweep finds not applied says it.
+    let mut s = String::new();
+    for n in needs.iter().take(SHOWN) {
+        if !s.is_empty() {
+            s.push_str("; ");
+        }
+        s.extend([n.kind.as_str(), ":", &n.name, " (", &n.reason, ")"]);
     }
-    s.join("; ")
+    if needs.len() > SHOWN {
+        s.push_str("; and ");
+        crate::value::write_u64(&mut s, (needs.len() - SHOWN) as u64);
+        s.push_str(" more");
+    }
+    s
 }
 
 /// Each bucket's health as asked once for a whole answer: every module of a page reads the

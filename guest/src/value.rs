@@ -348,8 +348,9 @@ fn has_byte(word: u64, b: u8) -> bool {
     v.wrapping_sub(ONES) & !v & HIGH != 0
 }
 
-/// `n` in decimal, as serde_json writes an integer.
-fn write_u64(out: &mut String, mut n: u64) {
+/// `n` in decimal, as serde_json writes an integer (and `format!` does, without its machinery:
+/// the reasons a state sweep writes for every need join numbers by hand).
+pub fn write_u64(out: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
