@@ -302,7 +302,7 @@ impl Sorted {
         // with the key's need their first key read.
         let probe = head(key.as_bytes());
         let mut lo = self.heads.partition_point(|&h| h < probe);
-        let mut hi = lo + self.heads[lo..].partition_point(|&h| h == probe);
+        let mut hi = lo + ties(&self.heads[lo..], probe);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.block_key(mid) <= key.as_bytes() {
@@ -346,6 +346,19 @@ fn head(key: &[u8]) -> u128 {
     let n = key.len().min(16);
     bytes[..n].copy_from_slice(&key[..n]);
     u128::from_be_bytes(bytes)
+}
+
+/// How many of `heads` (sorted, none below `probe`) equal `probe`, by galloping: mostly none
+/// or one, found in a step or two rather than by another search of the whole rest.
+fn ties(heads: &[u128], probe: u128) -> usize {
+    let mut past = 1;
+    while past <= heads.len() && heads[past - 1] == probe {
+        past *= 2;
+    }
+    // The first `past / 2` tie; the answer is below `past`.
+    let known = past / 2;
+    let end = past.min(heads.len());
+    known + heads[known..end].partition_point(|&h| h == probe)
 }
 
 /// One bit per base record: set when the record is no longer current.
@@ -923,6 +936,16 @@ mod tests {
             }
         }
         assert_eq!(head(b"alpha.m000420.co"), head(b"alpha.m000420.config"));
+    }
+
+    #[test]
+    fn counts_the_ties_of_a_head_at_any_length() {
+        for len in 0..70 {
+            for equal in 0..=len {
+                let heads: Vec<u128> = (0..len).map(|i| if i < equal { 7 } else { 9 }).collect();
+                assert_eq!(ties(&heads, 7), equal, "{equal} of {len}");
+            }
+        }
     }
 
     #[test]
