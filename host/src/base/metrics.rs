@@ -159,6 +159,7 @@ pub struct Metrics {
     pub state_records: Counter,
     pub state_conflicts: Counter,
     pub state_sweeps: Counter,
+    pub state_sweeps_skipped: Counter,
     pub bus_disconnects: Family<Connection, Counter>,
     /// HTTP connections closed at once: past the cap and the probes' reserve.
     pub http_refused: Counter,
@@ -216,6 +217,7 @@ impl Metrics {
             state_records: Counter::default(),
             state_conflicts: Counter::default(),
             state_sweeps: Counter::default(),
+            state_sweeps_skipped: Counter::default(),
             bus_disconnects: Family::default(),
             http_refused: Counter::default(),
             state_dir_bytes: Gauge::default(),
@@ -294,6 +296,11 @@ impl Metrics {
             "state_sweeps",
             "Sweeps of every module's state begun (at the seat's taking, a replay, and periodically for discovery)",
             m.state_sweeps.clone(),
+        );
+        registry.register(
+            "state_sweeps_skipped",
+            "Periodic sweeps not begun: no discovery answer moved since the last one (--state-sweep-every)",
+            m.state_sweeps_skipped.clone(),
         );
         registry.register("bus_disconnects", "Times a connection to the bus was lost, by connection (buckets, seat, serving)", m.bus_disconnects.clone());
         registry.register(

@@ -342,6 +342,10 @@ impl Backend for NatsBackend {
         Box::pin(self.reach_mark(name, want, until))
     }
 
+    fn discovered(&self) -> Vec<String> {
+        self.discovered.locked().keys().cloned().collect()
+    }
+
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {
         Box::pin(async move {
             crate::store::backend::check_service(service)?;

@@ -50,9 +50,10 @@ pub struct Serve {
     /// Neither write nor load snapshots of the mirrors: every start replays every bucket.
     #[arg(long, env = "MESH_PROVISIONER_NO_SNAPSHOTS")]
     pub no_snapshots: bool,
-    /// How often every module's state is found again while holding the seat (a verb's service
-    /// starting or stopping changes no bucket); changes of the buckets are followed as they
-    /// come. A sweep alone takes about a tenth of the thread, however large the mesh (a mesh of a
+    /// How often discovery is asked again while holding the seat (a verb's service starting or
+    /// stopping changes no bucket): when an answer moved, every module's state is found again
+    /// (and every twentieth time anyway); changes of the buckets are followed as they come. A
+    /// sweep alone takes about a tenth of the thread, however large the mesh (a mesh of a
     /// hundred thousand modules is swept in about a minute).
     #[arg(long, env = "MESH_PROVISIONER_STATE_SWEEP_EVERY", default_value = "15s", value_parser = parse_duration)]
     pub state_sweep_every: Duration,

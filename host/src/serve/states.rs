@@ -9,8 +9,9 @@
 //! A record that loses its compare-and-set publishes nothing and its module is found again, so
 //! a change is told at most once; a standby publishes nothing and decides nothing. A batch the
 //! guest fails on is split down to the changes it fails on, as plans are. Discovery
-//! is not a bucket, so the whole mesh is swept now and then (`--state-sweep-every`), a page per
-//! call. However fast changes come, the calls take at most about a third of the host's one thread.
+//! is not a bucket, so discovery is asked again now and then (`--state-sweep-every`) and the
+//! whole mesh swept, a page per call, when an answer moved (and every twentieth time anyway).
+//! However fast changes come, the calls take at most about a third of the host's one thread.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -33,6 +34,13 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_secs(1);
 /// State records written at once: each is a round trip to the stream.
 const IN_FLIGHT: usize = 64;
+/// Every how many periodic ticks the whole mesh is swept though no discovery answer moved: a
+/// net under anything a sweep would find that no change told.
+const SWEEP_ANYWAY: u32 = 20;
+
+/// What discovery answered when the last periodic sweep began: each service counted, and its
+/// count (`None`: it could not be asked).
+type Discovered = std::collections::BTreeMap<String, Option<u32>>;
 
 /// The change that sweeps every module from the start as a live one (the guest's word for a
 /// whole-bucket change of the states bucket itself): a module that appeared is told.
@@ -55,17 +63,45 @@ pub struct Recorder {
     /// Changes of this task's own: sweeps, and records to find again.
     own: Vec<Change>,
     was_held: bool,
+    /// Discovery as the last periodic sweep began (none yet: the first tick sweeps).
+    discovered: Option<Discovered>,
+    /// Ticks since that sweep.
+    ticks: u32,
 }
 
 impl Recorder {
     pub fn new(shared: Shared, sweep_every: Duration) -> Recorder {
         let mut timer = tokio::time::interval(sweep_every.max(Duration::from_secs(1)));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Recorder { shared, timer, own: Vec::new(), was_held: false }
+        Recorder { shared, timer, own: Vec::new(), was_held: false, discovered: None, ticks: 0 }
     }
 
     fn changes(&self) -> &Arc<Changes> {
         self.shared.nats.state_changes()
+    }
+
+    /// Whether a periodic tick sweeps every module: when a discovery answer moved since the
+    /// last sweep (a service counted differently, counted for the first time, or not
+    /// countable now), at the first tick, and at least every [`SWEEP_ANYWAY`] ticks. Every
+    /// other input of a state is a bucket, whose changes come as changes: without this a mesh
+    /// of a hundred thousand modules would be swept without end, at a tenth of the thread.
+    async fn sweep_due(&mut self) -> bool {
+        let backend = self.shared.backend.clone();
+        let mut now = Discovered::new();
+        for service in backend.discovered() {
+            let count = backend.responders(&service).await.ok().map(|c| c.responders);
+            now.insert(service, count);
+        }
+        self.ticks += 1;
+        let moved = self.discovered.as_ref() != Some(&now) || now.values().any(Option::is_none);
+        if moved || self.ticks >= SWEEP_ANYWAY {
+            self.discovered = Some(now);
+            self.ticks = 0;
+            return true;
+        }
+        crate::base::metrics::metrics().state_sweeps_skipped.inc();
+        tracing::debug!(services = now.len(), "module states not swept: no discovery answer moved");
+        false
     }
 }
 
@@ -95,9 +131,14 @@ impl Follower for Recorder {
         self.was_held = is_held;
         let batch = if self.own.is_empty() || !is_held {
             let changes = self.shared.nats.state_changes().clone();
-            tokio::select! {
-                batch = changes.next_batch() => batch,
-                _ = self.timer.tick() => vec![sweep()],
+            let batch = tokio::select! {
+                batch = changes.next_batch() => Some(batch),
+                _ = self.timer.tick() => None,
+            };
+            match batch {
+                Some(batch) => batch,
+                None if self.sweep_due().await => vec![sweep()],
+                None => return None,
             }
         } else {
             Vec::new()

@@ -32,6 +32,9 @@ pub trait Backend: Send + Sync + 'static {
     /// How many instances of the micro service `service` answer `$SRV.PING.<service>`, and for
     /// how long a fresh question would count the same (when the backend keeps its counts).
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>>;
+    /// The services whose responders were counted (what a module's state may depend on beyond
+    /// the buckets), in no order.
+    fn discovered(&self) -> Vec<String>;
     /// How many buckets are followed now (shown in `$SRV.INFO`).
     fn mirrored(&self) -> usize {
         0
@@ -226,6 +229,10 @@ impl Backend for MemoryBackend {
 
     fn kept(&self) -> &KeptPlans {
         &self.kept
+    }
+
+    fn discovered(&self) -> Vec<String> {
+        self.services.locked().keys().cloned().collect()
     }
 
     fn responders<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<Count>> {

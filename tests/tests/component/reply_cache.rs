@@ -326,6 +326,9 @@ impl Backend for Gated {
     ) -> futures::future::BoxFuture<'a, mesh_provisioner::base::error::Result<mesh_provisioner::store::backend::Count>> {
         self.inner.responders(service)
     }
+    fn discovered(&self) -> Vec<String> {
+        self.inner.discovered()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

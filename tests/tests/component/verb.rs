@@ -340,6 +340,9 @@ impl Backend for Stalled {
     fn responders<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, mesh_provisioner::base::error::Result<mesh_provisioner::store::backend::Count>> {
         Box::pin(std::future::pending())
     }
+    fn discovered(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A bus that answers every read of `mesh()` but never answers one kind of import: so a call
@@ -385,6 +388,9 @@ impl Backend for StallsOn {
         } else {
             self.0.responders(service)
         }
+    }
+    fn discovered(&self) -> Vec<String> {
+        self.0.discovered()
     }
 }
 

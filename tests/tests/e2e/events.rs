@@ -388,3 +388,82 @@ async fn a_provider_assigned_before_its_bucket_exists_is_told_by_the_assignment(
     assert!(s["reason"].as_str().unwrap_or_default().contains("beta"), "{s}");
     host.stop().await;
 }
+
+/// A responder for `$SRV.PING.mesh-vault`, answering as the vault's own user until dropped.
+struct Vault(tokio::task::JoinHandle<()>);
+
+impl Vault {
+    async fn start(bus: &Bus) -> Vault {
+        let client = bus.client("mesh-vault").await;
+        let mut pings = client.subscribe("$SRV.PING.mesh-vault").await.unwrap();
+        client.flush().await.unwrap();
+        Vault(tokio::spawn(async move {
+            while let Some(m) = pings.next().await {
+                if let Some(reply) = m.reply {
+                    let body = json!({"type":"io.nats.micro.v1.ping_response","name":"mesh-vault","id":"vault-events-1","version":"0.0.1"});
+                    let _ = client.publish(reply, body.to_string().into()).await;
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Vault {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[tokio::test]
+async fn sweeps_every_module_again_only_when_an_answer_of_discovery_moved() {
+    let bus = Bus::start().await;
+    bus.create_plan_buckets().await;
+    let host = Host::start(&bus, &["--state-sweep-every", "1s", "--http", "127.0.0.1:0"]).await;
+    let metrics = format!("{}/metrics", host.http_url().await);
+    let counts = async || {
+        let swept = tests::bench::metric(&metrics, "mesh_provisioner_state_sweeps_total ").await;
+        let skipped = tests::bench::metric(&metrics, "mesh_provisioner_state_sweeps_skipped_total ").await;
+        (swept, skipped)
+    };
+    let asker = bus.client("node-alpha").await;
+    let controller = bus.client("mesh-controller").await;
+    let mut events = controller.subscribe("mesh-provisioner.event.alpha").await.unwrap();
+    controller.flush().await.unwrap();
+    // A secret the vault's verb answers: whether it can be had is discovery's to say, and no
+    // bucket changes when the vault starts.
+    bus.put("node-alpha", NEEDS, "alpha.app.secret.db_password", b"{}").await;
+    let before = until(&asker, "alpha", "app", "a state while no vault answers", |s| s["state"].is_string() && s["since"].is_string()).await;
+    assert_eq!(before["needs"][0]["check"], "no_provider", "{before}");
+
+    // Ticks with discovery as it was: counted as skipped, and no sweep begins meanwhile but
+    // (at most) the one every twentieth tick makes anyway.
+    let start = Instant::now();
+    let (swept, skipped) = loop {
+        let (swept, skipped) = counts().await;
+        if skipped >= 1.0 {
+            break (swept, skipped);
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no tick was skipped: {}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (swept_later, skipped_later) = loop {
+        let now = counts().await;
+        if now.1 >= skipped + 3.0 {
+            break now;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "ticks stopped being skipped: {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(swept_later - swept <= 1.0, "{} sweeps over {} unchanged ticks", swept_later - swept, skipped_later - skipped);
+
+    // The vault starts answering: the next tick sees discovery move and sweeps, and the module's
+    // new state is told.
+    let _vault = Vault::start(&bus).await;
+    let after = until(&asker, "alpha", "app", "the state once the vault answers", |s| s["state"] != before["state"]).await;
+    assert_eq!(after["needs"][0]["check"], "answered", "{after}");
+    let told = heard(&mut events, Duration::from_secs(30), Duration::from_millis(500)).await;
+    assert!(moves(&told, "alpha", "app").iter().any(|(was, state)| *was == before["state"] && *state == after["state"]), "the move is told: {told:?}");
+    let (swept_after, _) = counts().await;
+    assert!(swept_after > swept_later, "a sweep began once discovery moved");
+    host.stop().await;
+}
