@@ -39,6 +39,27 @@ const VALUE: &[u8] = br#"{"placeholder":"${config:name}","part":"api"}"#;
 const ECHO: &str = "$SRV.ECHO.mesh-provisioner.bench";
 const ECHO_PROCESS: &str = "$SRV.ECHO.mesh-provisioner.process";
 const SIZED: &str = "$SRV.SIZED.mesh-provisioner.bench";
+/// The reply-sized echo in a process of its own, started for each measurement.
+const SIZED_PROCESS: &str = "$SRV.SIZED.mesh-provisioner.process";
+
+/// How to start an echo process: its binary, the bus's address and the serving user's password.
+static ECHO_START: std::sync::OnceLock<(std::path::PathBuf, String, String)> = std::sync::OnceLock::new();
+
+/// An echo in a process of its own on `subject` (answering with `reply`'s bytes when given),
+/// subscribed once this returns; stopped when dropped.
+async fn echo_process(subject: &str, reply: Option<&std::path::Path>) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let (bin, url, password) = ECHO_START.get().expect("the echo binary is known");
+    let mut args = vec![url.as_str(), "mesh-provisioner-service", password.as_str(), subject];
+    let file = reply.map(|p| p.to_string_lossy().into_owned());
+    args.extend(file.as_deref());
+    let mut child =
+        tokio::process::Command::new(bin).args(args).stdout(std::process::Stdio::piped()).kill_on_drop(true).spawn().expect("start the echo process");
+    let out = child.stdout.take().expect("echo stdout");
+    let mut line = String::new();
+    tokio::io::BufReader::new(out).read_line(&mut line).await.expect("echo says ready");
+    child
+}
 
 /// Writes `modules` modules × 10 needs for `node`, pipelined, as the node's own user.
 async fn fill(bus: &Bus, node: &str, from: usize, to: usize) -> u64 {
@@ -143,13 +164,16 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
         println!("{label}: first answered {:.2} s after first asked", asked.elapsed().as_secs_f64());
     }
     *sized.lock().unwrap() = reply.clone();
-    for subject in [ECHO, ECHO_PROCESS, SIZED, verb] {
+    let file = tempfile::NamedTempFile::new().expect("a file for the reply");
+    std::fs::write(file.path(), &reply).expect("the reply written");
+    let _sized_process = echo_process(SIZED_PROCESS, Some(file.path())).await;
+    for subject in [ECHO, ECHO_PROCESS, SIZED, SIZED_PROCESS, verb] {
         let _ = latencies(c, subject, query, 200).await;
     }
     // In turns, one request of each, so that the floors and the verb share the machine's moods.
-    let [mut other, mut echo, mut floor, mut times]: [Vec<Duration>; 4] =
-        latencies_interleaved(c, &[ECHO_PROCESS, ECHO, SIZED, verb], query, n).await.try_into().expect("four subjects, four lists");
-    let o50 = pct(&mut other, 0.5);
+    let [mut other, mut echo, mut floor, mut other_sized, mut times]: [Vec<Duration>; 5] =
+        latencies_interleaved(c, &[ECHO_PROCESS, ECHO, SIZED, SIZED_PROCESS, verb], query, n).await.try_into().expect("five subjects, five lists");
+    let (o50, os50) = (pct(&mut other, 0.5), pct(&mut other_sized, 0.5));
     let (e50, e99, f50, f99, v50, v99) =
         (pct(&mut echo, 0.5), pct(&mut echo, 0.99), pct(&mut floor, 0.5), pct(&mut floor, 0.99), pct(&mut times, 0.5), pct(&mut times, 0.99));
     println!(
@@ -158,7 +182,13 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
         us(v50), v50.as_secs_f64() / e50.as_secs_f64(), v50.as_secs_f64() / f50.as_secs_f64(),
         us(v99), v99.as_secs_f64() / e99.as_secs_f64(), v99.as_secs_f64() / f99.as_secs_f64()
     );
-    println!("{label}: echo in a process of its own p50 {:.0} µs | verb p50 {:.2}× that echo", us(o50), v50.as_secs_f64() / o50.as_secs_f64());
+    println!(
+        "{label}: in a process of its own: echo p50 {:.0} µs, reply-sized echo p50 {:.0} µs | verb p50 {:.2}× that echo, {:.2}× that sized echo",
+        us(o50),
+        us(os50),
+        v50.as_secs_f64() / o50.as_secs_f64(),
+        v50.as_secs_f64() / os50.as_secs_f64()
+    );
     let rates = throughput_interleaved(c, &[ECHO, SIZED, verb], query, 32, Duration::from_secs(3), Duration::from_millis(500)).await;
     let (et, ft, vt) = (rates[0], rates[1], rates[2]);
     println!("{label}: 32 requesters: echo {et:.0} req/s, sized echo {ft:.0} req/s, verb {vt:.0} req/s ({:.2}× echo, {:.2}× sized)", vt / et, vt / ft);
@@ -169,6 +199,24 @@ async fn measure(label: &str, c: &Client, sized: &Sized, verb: &str, query: &[u8
         "{label}: host time per request, receipt to reply sent ($SRV.STATS average, all requests so far): {:.0} µs",
         endpoint["average_processing_time"].as_f64().unwrap_or(0.0) / 1000.0
     );
+}
+
+/// Waits until the guest's `transitions` calls stop for three seconds (at most `cap`): how
+/// long that took, and the calls and their seconds meanwhile.
+async fn recorder_done(metrics: &str, cap: Duration) -> (Duration, f64, f64) {
+    let started = Instant::now();
+    let calls = async || guest_calls(metrics).await.get("transitions").copied().unwrap_or_default();
+    let first = calls().await;
+    let mut last = first;
+    let mut still = Instant::now();
+    while still.elapsed() < Duration::from_secs(3) && started.elapsed() < cap {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = calls().await;
+        if now.0 != last.0 {
+            (last, still) = (now, Instant::now());
+        }
+    }
+    (started.elapsed() - still.elapsed(), last.0 - first.0, last.1 - first.1)
 }
 
 /// `BENCH_ANSWER`: the uncached needs query at `label`, quiet and then while `BENCH_WRITES` writes
@@ -526,19 +574,9 @@ async fn main() {
         .and_then(|p| p.parent()?.parent().map(|d| d.join("echo")))
         .filter(|p| p.exists())
         .expect("the echo binary (cargo bench builds it)");
-    let mut echo_process = tokio::process::Command::new(bin)
-        .args([bus.url(), "mesh-provisioner-service", &bus.password("mesh-provisioner-service"), ECHO_PROCESS])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the echo process");
-    {
-        use tokio::io::AsyncBufReadExt;
-        let out = echo_process.stdout.take().expect("echo stdout");
-        let mut line = String::new();
-        tokio::io::BufReader::new(out).read_line(&mut line).await.expect("echo says ready");
-    }
-    let echo_pid = echo_process.id().unwrap_or_default();
+    ECHO_START.set((bin, bus.url().to_string(), bus.password("mesh-provisioner-service"))).expect("set once");
+    let echo_child = echo_process(ECHO_PROCESS, None).await;
+    let echo_pid = echo_child.id().unwrap_or_default();
     let query = br#"{"what":"needs","node":"alpha","module":"m000420"}"#;
 
     // The mesh's default byte limit (256 MiB a bucket, discard new) holds about 1.9M of these
@@ -580,6 +618,10 @@ async fn main() {
         // idle again, not while it packs.
         let waited = tests::bench::idle(pid, Duration::from_secs(120)).await;
         println!("the host idle again {:.1} s after the fill", waited.as_secs_f64());
+        // The state recorder finds the state of every module the fill wrote, paced at a tenth
+        // of the thread (the idle check above passes under it): "quiet" is once it is done.
+        let (took, calls, spent) = recorder_done(&metrics, Duration::from_secs(300)).await;
+        println!("the state recorder done with the fill {:.1} s later: {calls:.0} transitions calls, {spent:.1} s in them", took.as_secs_f64());
         measure_uncached(&label, &bus, &c, &sized, query, per_node.max(1000), &metrics, pid, echo_pid).await;
         return;
     }
