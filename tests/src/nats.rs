@@ -847,3 +847,30 @@ pub async fn lost_connections(http: &str) -> Vec<String> {
     let (_, _, page) = crate::browser::get(&format!("{http}/metrics")).await;
     page.lines().filter(|l| l.starts_with("mesh_provisioner_bus_disconnects_total")).map(str::to_string).collect()
 }
+
+/// A stand-in for the vault's micro service: answers `$SRV.PING.mesh-vault` as the vault's own
+/// user until dropped.
+pub struct Vault(tokio::task::JoinHandle<()>);
+
+impl Vault {
+    pub async fn start(bus: &Bus) -> Vault {
+        use futures::StreamExt;
+        let client = bus.client("mesh-vault").await;
+        let mut pings = client.subscribe("$SRV.PING.mesh-vault").await.expect("subscribe as the vault");
+        client.flush().await.expect("flush");
+        Vault(tokio::spawn(async move {
+            while let Some(m) = pings.next().await {
+                if let Some(reply) = m.reply {
+                    let body = serde_json::json!({"type":"io.nats.micro.v1.ping_response","name":"mesh-vault","id":"vault-test-1","version":"0.0.1"});
+                    let _ = client.publish(reply, body.to_string().into()).await;
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Vault {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use tests::nats::{module_status as status, status_until as until, Bus, Host};
+use tests::nats::{module_status as status, status_until as until, Bus, Host, Vault};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";
@@ -387,31 +387,6 @@ async fn a_provider_assigned_before_its_bucket_exists_is_told_by_the_assignment(
     assert_eq!((&s["state"], &s["since"]), (&json!("pending"), &told[0]["since"]), "the status and the event agree");
     assert!(s["reason"].as_str().unwrap_or_default().contains("beta"), "{s}");
     host.stop().await;
-}
-
-/// A responder for `$SRV.PING.mesh-vault`, answering as the vault's own user until dropped.
-struct Vault(tokio::task::JoinHandle<()>);
-
-impl Vault {
-    async fn start(bus: &Bus) -> Vault {
-        let client = bus.client("mesh-vault").await;
-        let mut pings = client.subscribe("$SRV.PING.mesh-vault").await.unwrap();
-        client.flush().await.unwrap();
-        Vault(tokio::spawn(async move {
-            while let Some(m) = pings.next().await {
-                if let Some(reply) = m.reply {
-                    let body = json!({"type":"io.nats.micro.v1.ping_response","name":"mesh-vault","id":"vault-events-1","version":"0.0.1"});
-                    let _ = client.publish(reply, body.to_string().into()).await;
-                }
-            }
-        }))
-    }
-}
-
-impl Drop for Vault {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[tokio::test]

@@ -6,38 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::{json, Value};
-use tests::nats::{ask_ok, host_binary, module_status as status, status_until as until, Bus, Host};
+use tests::nats::{ask_ok, host_binary, module_status as status, status_until as until, Bus, Host, Vault};
 
 const NEEDS: &str = "mesh-provisioner_needs";
 const APPLIED: &str = "mesh-provisioner_applied";
 const CONFIG: &str = "mesh-config_values";
-
-/// A stand-in for the vault's micro service: answers discovery until dropped.
-struct Vault(tokio::task::JoinHandle<()>);
-
-impl Vault {
-    async fn start(bus: &Bus) -> Vault {
-        let client = bus.client("mesh-vault").await;
-        let mut pings = client.subscribe("$SRV.PING.mesh-vault").await.unwrap();
-        client.flush().await.unwrap();
-        Vault(tokio::spawn(async move {
-            while let Some(m) = pings.next().await {
-                if let Some(reply) = m.reply {
-                    let body = json!({"type":"io.nats.micro.v1.ping_response","name":"mesh-vault","id":"vault-test-1","version":"0.0.1"});
-                    let _ = client.publish(reply, body.to_string().into()).await;
-                }
-            }
-        }))
-    }
-}
-
-impl Drop for Vault {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 fn check(s: &Value, kind: &str, name: &str) -> String {
     s["needs"]
