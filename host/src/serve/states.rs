@@ -87,11 +87,10 @@ impl Recorder {
     /// of a hundred thousand modules would be swept without end, at a tenth of the thread.
     async fn sweep_due(&mut self) -> bool {
         let backend = self.shared.backend.clone();
-        let mut now = Discovered::new();
-        for service in backend.discovered() {
-            let count = backend.responders(&service).await.ok().map(|c| c.responders);
-            now.insert(service, count);
-        }
+        // Asked together: each answer waits for its instances to settle.
+        let services = backend.discovered();
+        let counts = futures::future::join_all(services.iter().map(|s| backend.responders(s))).await;
+        let now: Discovered = services.into_iter().zip(counts).map(|(s, c)| (s, c.ok().map(|c| c.responders))).collect();
         self.ticks += 1;
         let moved = self.discovered.as_ref() != Some(&now) || now.values().any(Option::is_none);
         if moved || self.ticks >= SWEEP_ANYWAY {
@@ -137,8 +136,14 @@ impl Follower for Recorder {
             };
             match batch {
                 Some(batch) => batch,
-                None if self.sweep_due().await => vec![sweep()],
-                None => return None,
+                // A standby asks nothing: the next holder sweeps at its taking.
+                None if self.shared.seat.is_held() && self.sweep_due().await => vec![sweep()],
+                None => {
+                    if !self.shared.seat.is_held() {
+                        self.own.clear();
+                    }
+                    return None;
+                }
             }
         } else {
             Vec::new()
