@@ -136,14 +136,11 @@ impl Follower for Recorder {
             };
             match batch {
                 Some(batch) => batch,
-                // A standby asks nothing: the next holder sweeps at its taking.
-                None if self.shared.seat.is_held() && self.sweep_due().await => vec![sweep()],
-                None => {
-                    if !self.shared.seat.is_held() {
-                        self.own.clear();
-                    }
-                    return None;
-                }
+                // A standby asks nothing (it is let go just below): the next holder sweeps at
+                // its taking.
+                None if !self.shared.seat.is_held() => Vec::new(),
+                None if self.sweep_due().await => vec![sweep()],
+                None => return None,
             }
         } else {
             Vec::new()
