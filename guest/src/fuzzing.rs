@@ -149,7 +149,14 @@ pub fn applied(data: &[u8]) {
 
 /// Value pass-through: any stored bytes are listed, and read back as exactly those bytes.
 pub fn value(data: &[u8]) {
-    value_with(|b| crate::value::Shown::of(b), data)
+    value_with(|b| crate::value::Shown::of(b), data);
+    // The plain path is a shortcut: what it passes through, serde_json passes through alike.
+    if std::str::from_utf8(data).is_ok_and(crate::plain_json::is_plain_json) {
+        match crate::value::Shown::by_serde(data) {
+            crate::value::Shown::Json { value } => assert_eq!(value.as_bytes(), data, "serde passes other text"),
+            _ => panic!("plain JSON that serde_json does not pass through: {:?}", String::from_utf8_lossy(data)),
+        }
+    }
 }
 
 /// [`value`] over any way of showing bytes, so a test can show that one losing bytes fails it.

@@ -23,6 +23,7 @@ pub mod keys;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod mem_env;
 pub mod modules;
+pub mod plain_json;
 pub mod plan;
 pub mod provision;
 pub mod reconcile;

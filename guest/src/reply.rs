@@ -204,12 +204,16 @@ impl PageBudget {
 /// structs of `status` and of a bucket's answer (each answer's `written` tests hold it so):
 /// `what`, `revision`, `entries`, `out_of_shape`, and `next` when there is one.
 pub(crate) fn page(what: &str, revision: u64, entries: &[String], out_of_shape: &[String], next: Option<&str>) -> String {
-    let bytes: usize = entries.iter().chain(out_of_shape).map(|l| l.len() + 1).sum();
-    object(bytes + 2 * next.map_or(0, str::len) + 96, |o| {
+    joined_page(what, revision, &entries.join(","), &out_of_shape.join(","), next)
+}
+
+/// [`page`] of each list's lines joined by commas already.
+pub(crate) fn joined_page(what: &str, revision: u64, entries: &str, out_of_shape: &str, next: Option<&str>) -> String {
+    object(entries.len() + out_of_shape.len() + 2 * next.map_or(0, str::len) + 96, |o| {
         o.str("what", what);
         o.u64("revision", revision);
-        o.list("entries", entries);
-        o.list("out_of_shape", out_of_shape);
+        o.joined("entries", entries);
+        o.joined("out_of_shape", out_of_shape);
         o.some_str("next", next);
     })
 }

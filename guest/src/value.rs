@@ -104,7 +104,10 @@ impl<'o> Object<'o> {
         Object { out, first: true }
     }
 
-    /// Starts the field `name`: a literal of this crate, which needs no escape.
+    /// Starts the field `name`: a literal of this crate, which needs no escape. Inlined, so
+    /// that the name's copy has a constant length: in wasm a copy of unknown length is a call
+    /// out of the guest (`memory.copy`), and a line starts a field ten times.
+    #[inline(always)]
     fn name(&mut self, name: &'static str) {
         debug_assert!(name.bytes().all(|b| escaped_byte_len(b) == 1), "{name:?} is written unescaped");
         if !std::mem::take(&mut self.first) {
@@ -118,6 +121,24 @@ impl<'o> Object<'o> {
     pub fn str(&mut self, name: &'static str, value: &str) {
         self.name(name);
         write_str(self.out, value);
+    }
+
+    /// A string known to escape nothing (a key that parsed, a token borrowed from one: every
+    /// byte of either is of the key alphabet), written without looking for escapes.
+    pub fn plain_str(&mut self, name: &'static str, value: &str) {
+        debug_assert!(value.bytes().all(|b| escaped_byte_len(b) == 1), "{value:?} escapes nothing");
+        self.name(name);
+        self.out.push('"');
+        self.out.push_str(value);
+        self.out.push('"');
+    }
+
+    /// A token of a key that parsed: borrowed, it escapes nothing; decoded from escapes, it may.
+    pub fn token(&mut self, name: &'static str, value: std::borrow::Cow<str>) {
+        match value {
+            std::borrow::Cow::Borrowed(v) => self.plain_str(name, v),
+            std::borrow::Cow::Owned(v) => self.str(name, &v),
+        }
     }
 
     /// The field when there is a value; nothing when not (`skip_serializing_if = "Option::is_none"`).
@@ -143,9 +164,12 @@ impl<'o> Object<'o> {
         self.out.push_str(value);
     }
 
-    /// `"name":[…]`, each of `items` JSON text already.
-    pub fn list(&mut self, name: &'static str, items: &[String]) {
-        self.items(name, items, |out, item| out.push_str(item));
+    /// `"name":[…]`, its items JSON text already, joined by commas.
+    pub fn joined(&mut self, name: &'static str, items: &str) {
+        self.name(name);
+        self.out.push('[');
+        self.out.push_str(items);
+        self.out.push(']');
     }
 
     /// `"name":["…",…]`, each of `items` a string.
@@ -186,7 +210,7 @@ impl<'o> Object<'o> {
     /// A stored value's fields, as [`Shown`] serializes flattened into a line.
     pub fn shown(&mut self, value: &Shown) {
         match value {
-            Shown::Json { value } => self.raw("value", value.get()),
+            Shown::Json { value } => self.raw("value", value),
             Shown::Text { value, encoding } => {
                 self.str("value", value);
                 self.str("encoding", encoding);
@@ -332,7 +356,7 @@ pub fn write_str(out: &mut String, s: &str) {
 /// Whether any of the eight bytes of `word` is one a JSON string escapes: below 0x20, `"` or
 /// `\` (the bit tricks "has a byte less than n" and "has a zero byte", each exact as a yes or
 /// no for n up to 128).
-fn any_escaped(word: u64) -> bool {
+pub(crate) fn any_escaped(word: u64) -> bool {
     let below = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
     below != 0 || has_byte(word, b'"') || has_byte(word, b'\\')
 }
@@ -415,7 +439,11 @@ pub fn sources(recorded: bool, planned: bool) -> &'static [&'static str] {
 #[serde(untagged)]
 pub enum Shown<'a> {
     /// A value that is JSON, as it is.
-    Json { value: &'a RawValue },
+    Json {
+        #[serde(serialize_with = "as_raw")]
+        #[cfg_attr(feature = "schema", schemars(with = "Box<RawValue>"))]
+        value: &'a str,
+    },
     /// A value that is UTF-8 but not JSON.
     Text {
         value: &'a str,
@@ -432,15 +460,30 @@ pub enum Shown<'a> {
 
 impl<'a> Shown<'a> {
     pub fn of(bytes: &'a [u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) if crate::plain_json::is_plain_json(text) => Shown::Json { value: text },
+            _ => Self::by_serde(bytes),
+        }
+    }
+
+    /// [`Shown::of`] as serde_json reads the bytes, whatever they are: what the plain path
+    /// must agree with.
+    pub(crate) fn by_serde(bytes: &'a [u8]) -> Self {
         let readable = serde_json::from_slice::<&RawValue>(bytes).ok().filter(|raw| read_as_a_tree(raw).is_ok());
         if let Some(raw) = readable {
-            Shown::Json { value: raw }
+            Shown::Json { value: raw.get() }
         } else if let Ok(text) = std::str::from_utf8(bytes) {
             Shown::Text { value: text, encoding: "utf-8" }
         } else {
             Shown::Binary { value: base64(bytes), encoding: "base64" }
         }
     }
+}
+
+/// JSON text written as it is by serde (it was read as JSON before it was kept).
+fn as_raw<S: serde::Serializer>(json: &&str, s: S) -> Result<S::Ok, S::Error> {
+    let raw: &RawValue = serde_json::from_str(json).map_err(serde::ser::Error::custom)?;
+    raw.serialize(s)
 }
 
 /// Well-formed JSON (`raw`, as serde_json took it) read as a tree reader would read it, or why a
@@ -692,7 +735,7 @@ mod tests {
                 o.some_str("absent", None);
                 o.some_str("present", Some(key));
                 o.u64("revision", revision);
-                o.list("lines", &two.map(|r| r.get().to_string()));
+                o.joined("lines", &two.map(|r| r.get()).join(","));
                 o.object("inner", |o| {
                     o.bool("on", true);
                     o.strs("names", &names[..0]);

@@ -9,7 +9,7 @@ use crate::env::{Entry, EntryRef, Env, HostError, Page};
 use crate::escape::encode;
 use crate::fresh;
 use crate::keys::{self, parse_applied, parse_collect, parse_need_ref, parse_registry};
-use crate::reply::{page, PageBudget};
+use crate::reply::{joined_page, page, PageBudget};
 use crate::request::{self, Query, What};
 use crate::value::{Object, Shown};
 #[cfg(any(test, feature = "schema"))]
@@ -216,29 +216,46 @@ struct Omitted {
 /// The line of `e`, rendered, and whether it is out of shape; `value: false` lists an entry
 /// with its value's size instead of its value. Written by hand ([`Object`]) as serde writes
 /// [`PlanLine`]: every line of every page passes here (`a_line_is_written_as_serde_writes_it`).
+#[cfg(test)]
 fn line(what: What, e: &EntryRef, value: bool) -> (String, bool) {
     let mut out = String::with_capacity(line_guess(e));
-    let mut o = Object::new(&mut out);
-    o.str("key", e.key);
+    let out_of_shape = write_line(&mut out, what, e, value);
+    (out, out_of_shape)
+}
+
+/// Writes the line of `e` at the end of `out` ([`line`]); whether it is out of shape.
+fn write_line(out: &mut String, what: What, e: &EntryRef, value: bool) -> bool {
+    let mut o = Object::new(out);
+    // A key that parses is made of the key alphabet, dots and `=XX` escapes: written, like the
+    // tokens borrowed from it, without looking for JSON escapes (a line's most-written strings).
     let shaped = match what {
-        What::Registry => parse_registry(e.key).map(|kind| o.str("kind", &kind)),
+        What::Registry => parse_registry(e.key).map(|kind| {
+            o.plain_str("key", e.key);
+            o.plain_str("kind", &kind);
+        }),
         What::Needs => parse_need_ref(e.key).map(|k| {
-            o.str("node", &k.node);
-            o.str("module", &k.module);
-            o.str("kind", &k.kind);
-            o.str("name", &k.name);
+            o.plain_str("key", e.key);
+            o.token("node", k.node);
+            o.token("module", k.module);
+            o.token("kind", k.kind);
+            o.token("name", k.name);
         }),
         // (`status` and `holders` list modules; never items of one bucket.)
         What::Applied | What::Status | What::Holders | What::Causes => parse_applied(e.key).map(|k| {
-            o.str("node", &k.node);
-            o.str("module", &k.module);
+            o.plain_str("key", e.key);
+            o.plain_str("node", &k.node);
+            o.plain_str("module", &k.module);
         }),
         What::Collect => parse_collect(e.key).map(|k| {
-            o.str("node", &k.node);
+            o.plain_str("key", e.key);
+            o.plain_str("node", &k.node);
             o.str("collection", &k.collection);
-            o.str("contributor", &k.contributor);
+            o.plain_str("contributor", &k.contributor);
         }),
     };
+    if shaped.is_err() {
+        o.str("key", e.key);
+    }
     o.u64("revision", e.revision);
     match &shaped {
         Ok(()) if value => o.shown(&Shown::of(e.value)),
@@ -249,7 +266,7 @@ fn line(what: What, e: &EntryRef, value: bool) -> (String, bool) {
         Err(reason) => o.str("reason", reason),
     }
     o.end();
-    (out, shaped.is_err())
+    shaped.is_err()
 }
 
 /// A line's guess at its value's bytes stops here (a larger value grows the line as it goes).
@@ -289,17 +306,24 @@ pub(crate) struct VerbAnswer<'a> {
 fn render(what: What, revision: u64, found: &[EntryRef], more: bool, budget: usize) -> Reply {
     const ENTRIES: usize = 0;
     const OUT_OF_SHAPE: usize = 1;
-    let (mut entries, mut out_of_shape) = (Vec::new(), Vec::new());
+    // Each list's lines joined by commas as they are taken, each line written once into one
+    // buffer kept for them all: a page is as many lines as fit, and a line its own string was
+    // an allocation and a copy more each.
+    let mut lists = [String::new(), String::new()];
+    let mut it = String::new();
     // Uncut, the page says `next` only when the scan has more: the last key found.
     let uncut = found.last().filter(|_| more).map(|e| e.key);
     let mut room = PageBudget::new(budget, &page(what.name(), revision, &[], &[], None), uncut);
     let mut cut_at: Option<usize> = None;
     for (i, e) in found.iter().enumerate() {
-        let (mut it, mut shaped) = line(what, e, true);
+        it.clear();
+        it.reserve(line_guess(e));
+        let mut shaped = write_line(&mut it, what, e, true);
         let list = |shaped: bool| if shaped { OUT_OF_SHAPE } else { ENTRIES };
         let mut fits = room.take(&[(list(shaped), &it)], e.key);
         if !fits && i == 0 {
-            (it, shaped) = line(what, e, false);
+            it.clear();
+            shaped = write_line(&mut it, what, e, false);
             fits = room.take(&[(list(shaped), &it)], e.key);
         }
         if !fits {
@@ -317,15 +341,18 @@ fn render(what: What, revision: u64, found: &[EntryRef], more: bool, budget: usi
             cut_at = Some(i);
             break;
         }
-        if shaped {
-            out_of_shape.push(it)
+        let joined = &mut lists[list(shaped)];
+        if joined.is_empty() {
+            // The whole page's lines, most likely: one allocation for them all.
+            joined.reserve(found.len() * it.len());
         } else {
-            entries.push(it)
+            joined.push(',');
         }
+        joined.push_str(&it);
     }
     let included = cut_at.unwrap_or(found.len());
     let next = ((more || cut_at.is_some()) && included > 0).then(|| found[included - 1].key);
-    room.finish(page(what.name(), revision, &entries, &out_of_shape, next))
+    room.finish(joined_page(what.name(), revision, &lists[ENTRIES], &lists[OUT_OF_SHAPE], next))
 }
 
 #[cfg(test)]
