@@ -8,6 +8,7 @@ pub mod audit;
 pub mod demo;
 pub mod feed;
 pub mod flags;
+pub mod followers;
 pub mod http;
 pub mod inputs;
 pub mod notices;
@@ -86,7 +87,7 @@ pub async fn run(args: Serve) -> Result<()> {
         report.result()?;
     }
     let opened = open(&args, bus, current, limits).await?;
-    let mut tasks = start(&args, &opened, reconnections, runtime, trust);
+    let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
     let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node);
     let options_for = |listener: &tokio::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
@@ -261,19 +262,23 @@ struct Tasks {
     audits: Arc<crate::serve::audit::Counts>,
     stop: watch::Receiver<bool>,
     handles: Vec<JoinHandle<()>>,
+    /// Where plans, module states and notices run (dropped last: its thread ends with it).
+    _followers: crate::serve::followers::Followers,
 }
 
 /// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
-/// registry timer, the component watcher and the signal handler.
-fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::runtime::trust::TrustKey>) -> Tasks {
+/// registry timer, the component watcher and the signal handler. Plans, module states and
+/// notices run on a thread of their own ([`followers`]): the verbs never wait behind them.
+fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::runtime::trust::TrustKey>) -> Result<Tasks> {
+    let followers = crate::serve::followers::Followers::start()?;
     let mut handles = Vec::new();
     handles.push(tokio::spawn(o.seat.clone().run()));
     let (reconciler, reconciling) = Reconciler::start(o);
     handles.push(reconciling);
-    handles.push(tokio::spawn(inputs::follow(o.clone(), crate::serve::plans::Plans::new(o))));
+    handles.push(followers.spawn(inputs::follow(o.clone(), crate::serve::plans::Plans::new(o))));
     handles.push(tokio::spawn(crate::serve::prune::Pruner::new(o.clone(), args.connect.state_dir.clone(), args.kept_plan_grace).run()));
-    handles.push(tokio::spawn(inputs::follow(o.clone(), crate::serve::notices::Notifier::new(o.clone()))));
-    handles.push(tokio::spawn(inputs::follow(o.clone(), crate::serve::states::Recorder::new(o.clone(), args.state_sweep_every))));
+    handles.push(followers.spawn(inputs::follow(o.clone(), crate::serve::notices::Notifier::new(o.clone()))));
+    handles.push(followers.spawn(inputs::follow(o.clone(), crate::serve::states::Recorder::new(o.clone(), args.state_sweep_every))));
 
     let (stop_tx, stop) = watch::channel(false);
     handles.push(tokio::spawn(async move {
@@ -329,7 +334,7 @@ fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runt
         }
         .watch(),
     ));
-    Tasks { reconciler, audits, stop, handles }
+    Ok(Tasks { reconciler, audits, stop, handles, _followers: followers })
 }
 
 /// Stands by while another instance holds the seat; while this one holds it, reconciles at once

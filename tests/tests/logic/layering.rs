@@ -223,19 +223,20 @@ fn no_host_code_branches_on_an_errors_text() {
 }
 
 #[test]
-fn the_host_runs_on_one_thread() {
+fn the_verbs_and_the_followers_run_on_a_thread_each() {
     let main = host_code().into_iter().find(|(f, _)| f == "main.rs").expect("main.rs").1;
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "main.rs does not run on one thread");
-    let threaded: Vec<String> = host_code()
+    let runtimes: Vec<String> = host_code()
         .iter()
         .flat_map(|(file, code)| {
             code_lines(code)
-                .filter(|l| l.contains("new_multi_thread") || l.contains("flavor = \"multi_thread\""))
+                .filter(|l| l.contains("new_multi_thread") || l.contains("flavor = \"multi_thread\"") || l.contains("new_current_thread"))
                 .map(move |l| format!("{file}: {l}"))
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert!(threaded.is_empty(), "{}", threaded.join("\n"));
+    // The one runtime beside main's: the followers' thread.
+    assert!(runtimes.len() == 1 && runtimes[0].starts_with("serve/followers.rs: "), "runtimes other than main's and the followers': {runtimes:#?}");
 }
 
 /// Whether the test `path` ARCHITECTURE.md names exists: `e2e::accounts::name` in
