@@ -1,4 +1,5 @@
-//! The thread the guest's followers run on: plans, module states and notices ([`inputs`]).
+//! The thread the guest's followers run on: plans, module states and notices ([`inputs`]), and
+//! the status page's reads of the mesh.
 //!
 //! Their calls are batches (a state sweep, a hundred changed modules) of a millisecond and more.
 //! On the serving thread a request that arrived during one waited for it to yield at the
@@ -43,5 +44,10 @@ impl Followers {
     /// Runs `task` on this thread.
     pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, task: F) -> JoinHandle<()> {
         self.handle.spawn(task)
+    }
+
+    /// Where to spawn other batches of guest calls (the status page's reads).
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.handle.clone()
     }
 }

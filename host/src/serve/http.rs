@@ -152,11 +152,14 @@ pub struct Http {
     snapshot: Snapshot,
     /// Most modules of one node a status read shows.
     per_node: usize,
+    /// Where a refresh runs: the followers' thread, not the verbs' (at 100 000 modules a read
+    /// is a hundred guest calls of milliseconds, and every scrape of `/metrics` may start one).
+    refreshes: tokio::runtime::Handle,
 }
 
 impl Http {
-    pub fn new(shared: crate::serve::shared::Shared, per_node: usize) -> Arc<Http> {
-        Arc::new(Http { shared, snapshot: Snapshot::default(), per_node: per_node.max(1) })
+    pub fn new(shared: crate::serve::shared::Shared, per_node: usize, refreshes: tokio::runtime::Handle) -> Arc<Http> {
+        Arc::new(Http { shared, snapshot: Snapshot::default(), per_node: per_node.max(1), refreshes })
     }
 }
 
@@ -469,7 +472,8 @@ fn refresh(h: &Arc<Http>) {
         return;
     }
     let h = h.clone();
-    tokio::spawn(async move {
+    let on = h.refreshes.clone();
+    on.spawn(async move {
         let started = Instant::now();
         let read = match read_status(&h).await {
             Ok(value) => {

@@ -88,7 +88,7 @@ pub async fn run(args: Serve) -> Result<()> {
     }
     let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
-    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node);
+    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node, tasks.followers.handle());
     let options_for = |listener: &tokio::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         Ok::<_, Error>(crate::serve::http::HttpOptions::new(
@@ -262,8 +262,9 @@ struct Tasks {
     audits: Arc<crate::serve::audit::Counts>,
     stop: watch::Receiver<bool>,
     handles: Vec<JoinHandle<()>>,
-    /// Where plans, module states and notices run (dropped last: its thread ends with it).
-    _followers: crate::serve::followers::Followers,
+    /// Where plans, module states, notices and the status page's reads run (its thread ends
+    /// when it is dropped).
+    followers: crate::serve::followers::Followers,
 }
 
 /// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
@@ -334,7 +335,7 @@ fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runt
         }
         .watch(),
     ));
-    Ok(Tasks { reconciler, audits, stop, handles, _followers: followers })
+    Ok(Tasks { reconciler, audits, stop, handles, followers })
 }
 
 /// Stands by while another instance holds the seat; while this one holds it, reconciles at once
