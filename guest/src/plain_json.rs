@@ -25,16 +25,23 @@ pub fn is_plain_json(text: &str) -> bool {
     'value: loop {
         // A value is expected at `at`.
         match json.get(at) {
-            Some(b'{') => {
+            Some(&open @ (b'{' | b'[')) => {
                 if depth == MAX_DEPTH {
                     return false;
                 }
-                objects |= 1 << depth;
+                let object = open == b'{';
+                if object {
+                    objects |= 1 << depth;
+                } else {
+                    objects &= !(1 << depth);
+                }
                 depth += 1;
                 at = skip_space(json, at + 1);
-                if json.get(at) == Some(&b'}') {
+                if json.get(at) == Some(if object { &b'}' } else { &b']' }) {
                     depth -= 1;
                     at += 1;
+                } else if !object {
+                    continue 'value;
                 } else {
                     match member(json, at) {
                         Some(next) => {
@@ -43,20 +50,6 @@ pub fn is_plain_json(text: &str) -> bool {
                         }
                         None => return false,
                     }
-                }
-            }
-            Some(b'[') => {
-                if depth == MAX_DEPTH {
-                    return false;
-                }
-                objects &= !(1 << depth);
-                depth += 1;
-                at = skip_space(json, at + 1);
-                if json.get(at) == Some(&b']') {
-                    depth -= 1;
-                    at += 1;
-                } else {
-                    continue 'value;
                 }
             }
             Some(b'"') => match string(json, at) {
