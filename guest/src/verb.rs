@@ -343,8 +343,9 @@ fn render(what: What, revision: u64, found: &[EntryRef], more: bool, budget: usi
         }
         let joined = &mut lists[list(shaped)];
         if joined.is_empty() {
-            // The whole page's lines, most likely: one allocation for them all.
-            joined.reserve(found.len() * it.len());
+            // The whole page's lines, most likely: one allocation for them all, never more
+            // than the page may hold (a first line of 64 KiB is no measure of a thousand).
+            joined.reserve(found.len().saturating_mul(it.len()).min(budget));
         } else {
             joined.push(',');
         }

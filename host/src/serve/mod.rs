@@ -383,10 +383,15 @@ async fn serve_while_held(args: &Serve, o: &Shared, tasks: &Tasks, embedded: Opt
 
 /// Stops every task, gives the seat up (so a standby takes over at once), drains the
 /// connection and stops the embedded server.
-async fn shut_down(tasks: Tasks, o: &Shared, embedded: Option<Server>) {
+async fn shut_down(mut tasks: Tasks, o: &Shared, embedded: Option<Server>) {
     for t in &tasks.handles {
         t.abort();
     }
+    // Stopped, not only told to: a follower on its own thread may be between its check of the
+    // seat and a publish, which must not land after the seat is given up (a standby takes it
+    // at once). An abort lands at the task's next yield, within a guest call's tick.
+    let stopped = futures::future::join_all(tasks.handles.iter_mut());
+    let _ = tokio::time::timeout(crate::nats::bucket::BUS_DEADLINE, stopped).await;
     o.seat.release().await;
     // After the seat is given up (a standby need not wait for it): the next start resumes here.
     if let Some(snapshots) = o.nats.snapshots() {

@@ -233,6 +233,22 @@ async fn pages_by_bytes_so_no_reply_exceeds_the_budget() {
 }
 
 #[tokio::test]
+async fn a_page_led_by_a_large_value_holds_no_more_memory_than_the_page_may() {
+    // A thousand keys, the first with a value of 64 KiB: the page is cut by bytes, and its
+    // lines are never given the room of a thousand first lines (65 MB, past the guest's limit).
+    let b = MemoryBackend::new();
+    b.put(NEEDS, "alpha.app.config.a000", format!("{{\"blob\":\"{}\"}}", "x".repeat(64 << 10)).as_bytes());
+    for i in 1..1000 {
+        b.put(NEEDS, &format!("alpha.app.config.a{i:03}"), b"{}");
+    }
+    let (code, v) = ask(b.clone() as Arc<dyn Backend>, br#"{"what":"needs","node":"alpha","module":"app"}"#).await;
+    assert_eq!(code, ReplyCode::Ok, "{v}");
+    let page = keys(&v);
+    assert_eq!(page.first().map(String::as_str), Some("alpha.app.config.a000"));
+    assert_eq!(page.len(), 1000, "a page of 1 MiB holds them all");
+}
+
+#[tokio::test]
 async fn a_narrowed_query_reads_only_its_scope() {
     let b = MemoryBackend::new();
     for n in 0..200 {
