@@ -166,10 +166,7 @@ impl<'o> Object<'o> {
 
     /// `"name":[…]`, its items JSON text already, joined by commas.
     pub fn joined(&mut self, name: &'static str, items: &str) {
-        self.name(name);
-        self.out.push('[');
-        self.out.push_str(items);
-        self.out.push(']');
+        self.items(name, &[items], |out, joined| out.push_str(joined));
     }
 
     /// `"name":["…",…]`, each of `items` a string.

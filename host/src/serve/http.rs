@@ -472,8 +472,7 @@ fn refresh(h: &Arc<Http>) {
         return;
     }
     let h = h.clone();
-    let on = h.refreshes.clone();
-    on.spawn(async move {
+    h.refreshes.clone().spawn(async move {
         let started = Instant::now();
         let read = match read_status(&h).await {
             Ok(value) => {

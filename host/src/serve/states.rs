@@ -11,7 +11,8 @@
 //! guest fails on is split down to the changes it fails on, as plans are. Discovery
 //! is not a bucket, so discovery is asked again now and then (`--state-sweep-every`) and the
 //! whole mesh swept, a page per call, when an answer moved (and every twentieth time anyway).
-//! However fast changes come, the calls take at most about a third of the host's one thread.
+//! However fast changes come, the calls take at most about a third of the followers' thread
+//! ([`crate::serve::followers`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

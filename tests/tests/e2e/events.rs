@@ -413,22 +413,16 @@ async fn sweeps_every_module_again_only_when_an_answer_of_discovery_moved() {
     // Ticks with discovery as it was: counted as skipped, and no sweep begins meanwhile but
     // (at most) the one every twentieth tick makes anyway.
     let start = Instant::now();
-    let (swept, skipped) = loop {
-        let (swept, skipped) = counts().await;
-        if skipped >= 1.0 {
-            break (swept, skipped);
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "no tick was skipped: {}", host.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let (swept_later, skipped_later) = loop {
+    let skipped_at_least = async |n: f64, what: &str| loop {
         let now = counts().await;
-        if now.1 >= skipped + 3.0 {
-            break now;
+        if now.1 >= n {
+            return now;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "ticks stopped being skipped: {now:?}");
+        assert!(start.elapsed() < Duration::from_secs(60), "{what}: {now:?} {}", host.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let (swept, skipped) = skipped_at_least(1.0, "no tick was skipped").await;
+    let (swept_later, skipped_later) = skipped_at_least(skipped + 3.0, "ticks stopped being skipped").await;
     assert!(swept_later - swept <= 1.0, "{} sweeps over {} unchanged ticks", swept_later - swept, skipped_later - skipped);
 
     // The vault starts answering: the next tick sees discovery move and sweeps, and the module's
