@@ -423,7 +423,9 @@ impl Guest {
                     Ok(if std::time::Instant::now() >= ctx.data().deadline { wasmtime::UpdateDeadline::Interrupt } else { wasmtime::UpdateDeadline::Yield(1) })
                 });
                 store.set_epoch_deadline(1);
-                let api = match self.pre.instantiate_async(&mut store).await {
+                // Boxed: a fresh instance is the rare path, and inline its future would size
+                // every call's (and so every request's task) for it.
+                let api = match Box::pin(self.pre.instantiate_async(&mut store)).await {
                     Ok(api) => api,
                     Err(e) => return Err(call_err(&limits, store.data().limits.hit, e)),
                 };

@@ -5,8 +5,9 @@
 //! over in process (`feed`; a standby's page has none) and forwarded to each page as
 //! server-sent events. Nothing published on the bus reaches a page.
 //!
-//! Served by axum's router on the process's runtime, through an accept loop of its own (as an
-//! exporter on a shared host is): only the `Host` names the operator allows are answered (others
+//! Served by axum's router on the followers' thread ([`followers`](crate::serve::followers)),
+//! never the verbs' (a scrape tallies a hundred thousand modules' states, a page writes them),
+//! through an accept loop of its own (as an exporter on a shared host is): only the `Host` names the operator allows are answered (others
 //! `421`: no DNS rebinding reads the status), a connection that does not send its headers within
 //! `--http-header-timeout` is closed, a request that takes longer than `--http-request-timeout`
 //! is answered `503`, and past `--http-max-connections` a new connection is closed at once.
@@ -53,7 +54,7 @@ pub const PER_NODE: usize = 10_000;
 /// (a call renders each module whole).
 const PAGE_MODULES: usize = 100;
 /// After each call, the read waits as long as the call took: a long read (100 000 modules)
-/// takes at most half the one thread from the verbs.
+/// takes at most half the followers' thread from the plans and states beside it.
 const READ_YIELD: u32 = 1;
 /// A read is reused this many times as long as it took: at half the thread while it reads
 /// ([`READ_YIELD`]), scrapes of a hundred thousand modules cost a tenth of it, not half.
@@ -133,6 +134,41 @@ struct StatusRead {
     /// How long the read took: it is reused [`REUSE_FOR`] times as long (a read of a big mesh
     /// is never started again at once, and reads take at most a tenth of the one thread).
     took: Duration,
+    /// The modules by state, tallied once a read (a scrape sets gauges from this, not from
+    /// every module).
+    states: Vec<StateTally>,
+}
+
+/// The modules of one state in a status read, and the earliest time one of them entered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StateTally {
+    state: String,
+    modules: i64,
+    earliest: Option<time::OffsetDateTime>,
+}
+
+/// The modules of a status read (its `entries`) by state, in the order states are first seen.
+fn tally(status: &Value) -> Vec<StateTally> {
+    let mut tallies: Vec<StateTally> = Vec::new();
+    for e in status["entries"].as_array().into_iter().flatten() {
+        let Some(state) = e["state"].as_str() else { continue };
+        // How long a module has been in its state, for an alert on one stuck (blocked for an
+        // hour) that a count by state cannot tell from a new one.
+        let since = e["since"].as_str().and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+        let at = match tallies.iter().position(|t| t.state == state) {
+            Some(at) => at,
+            None => {
+                tallies.push(StateTally { state: state.to_string(), modules: 0, earliest: None });
+                tallies.len() - 1
+            }
+        };
+        let Some(t) = tallies.get_mut(at) else { continue };
+        t.modules += 1;
+        if let Some(since) = since {
+            t.earliest = Some(t.earliest.map_or(since, |e| e.min(since)));
+        }
+    }
+    tallies
 }
 
 /// The status last read and when, and why the last read failed (if it did).
@@ -237,11 +273,14 @@ async fn events(
 
 /// Binds `addr` (an error names it when it cannot), so a bad address stops the start, not a
 /// task later.
-pub async fn bind(addr: &str, serves: &str) -> Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::new(ErrorKind::Config, format!("--http {addr}: {e}")))?;
-    let bound: SocketAddr = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http {addr}: {e}")))?;
+/// The listener is handed over as a std one (non-blocking, registered with no runtime): it is
+/// served on the followers' thread, never the verbs'.
+pub async fn bind(addr: &str, serves: &str) -> Result<std::net::TcpListener> {
+    let failed = |e: std::io::Error| Error::new(ErrorKind::Config, format!("--http {addr}: {e}"));
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(failed)?;
+    let bound: SocketAddr = listener.local_addr().map_err(failed)?;
     tracing::info!(url = %format!("http://{bound}/"), "HTTP: {serves}");
-    Ok(listener)
+    listener.into_std().map_err(failed)
 }
 
 /// The routes a connection in the probes' reserve (or on their own listener) is answered.
@@ -260,8 +299,9 @@ fn probe_routes(http: Arc<Http>, options: &Arc<HttpOptions>) -> Router {
 /// Serves until the task is aborted: each connection accepted within the cap (past it, within
 /// the probes' reserve, for the probes only), served by hyper with a header-read timeout, every
 /// request checked for its `Host` and bounded in time.
-pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
+pub async fn serve(listener: std::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
     crate::base::metrics::metrics().record();
+    let Some(listener) = on_this_thread(listener) else { return };
     let options = Arc::new(options);
     let app = Router::new()
         .route("/", get(page))
@@ -284,12 +324,24 @@ pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: 
 
 /// Serves only `/healthz`, `/readyz` and `/metrics` on a listener of their own
 /// (`--http-probes`), [`PROBE_RESERVE`] connections at once.
-pub async fn serve_probes(listener: tokio::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
+pub async fn serve_probes(listener: std::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
     crate::base::metrics::metrics().record();
+    let Some(listener) = on_this_thread(listener) else { return };
     let options = Arc::new(options);
     let probes = probe_routes(http, &options);
     let connections = Arc::new(tokio::sync::Semaphore::new(PROBE_RESERVE));
     accept(listener, &options, |_| connections.clone().try_acquire_owned().ok().map(|p| (p, probes.clone()))).await
+}
+
+/// A listener [`bind`] made, handed to the runtime this runs on (the followers').
+fn on_this_thread(listener: std::net::TcpListener) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!("the HTTP side cannot listen: {e}");
+            None
+        }
+    }
 }
 
 /// The accept loop: `admit` gives each connection its permit and its routes, or refuses it
@@ -405,25 +457,15 @@ async fn metrics(State(h): State<Arc<Http>>) -> Response {
     // Module states come from the shared status read (at most one guest read per
     // SNAPSHOT_FOR, however often Prometheus scrapes).
     if let Ok(read) = snapshot(&h).await {
-        let s = &read.value;
-        m.status_nodes_cut.set(s["cut"].as_array().map_or(0, Vec::len) as i64);
+        m.status_nodes_cut.set(read.value["cut"].as_array().map_or(0, Vec::len) as i64);
         m.modules.clear();
         m.modules_oldest.clear();
         let now = time::OffsetDateTime::now_utc();
-        for e in s["entries"].as_array().into_iter().flatten() {
-            if let Some(state) = e["state"].as_str() {
-                let label = crate::base::metrics::StateLabel { state: state.to_string() };
-                m.modules.get_or_create(&label).inc();
-                // How long the module has been in its state, for an alert on one stuck
-                // (blocked for an hour) that a count by state cannot tell from a new one.
-                let since = e["since"].as_str().and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
-                if let Some(since) = since {
-                    let held = (now - since).whole_seconds().max(0);
-                    let oldest = m.modules_oldest.get_or_create(&label);
-                    if held > oldest.get() {
-                        oldest.set(held);
-                    }
-                }
+        for t in &read.states {
+            let label = crate::base::metrics::StateLabel { state: t.state.clone() };
+            m.modules.get_or_create(&label).set(t.modules);
+            if let Some(earliest) = t.earliest {
+                m.modules_oldest.get_or_create(&label).set((now - earliest).whole_seconds().max(0));
             }
         }
     }
@@ -478,11 +520,11 @@ fn refresh(h: &Arc<Http>) {
             Ok(value) => {
                 let took = started.elapsed();
                 let made = value.clone();
-                tokio::task::spawn_blocking(move || serde_json::to_vec(&*made))
+                tokio::task::spawn_blocking(move || serde_json::to_vec(&*made).map(|text| (text, tally(&made))))
                     .await
                     .map_err(|e| Error::new(ErrorKind::Unavailable, format!("writing the status: {e}")))
                     .and_then(|text| text.map_err(|e| Error::new(ErrorKind::Guest, format!("writing the status: {e}"))))
-                    .map(|text| Arc::new(StatusRead { value, text: text.into(), took }))
+                    .map(|(text, states)| Arc::new(StatusRead { value, text: text.into(), took, states }))
             }
             Err(e) => Err(e),
         };
@@ -620,6 +662,28 @@ async fn page() -> Html<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tallies_modules_by_state_with_the_earliest_time_one_entered_it() {
+        let status = json!({"entries": [
+            {"state": "ready", "since": "2026-12-07T10:00:00Z"},
+            {"state": "blocked", "since": "2026-12-07T09:00:00Z"},
+            {"state": "ready", "since": "2026-12-07T08:30:00Z"},
+            {"state": "ready", "since": "not a time"},
+            {"state": "blocked"},
+            {"since": "2026-12-07T07:00:00Z"},
+        ]});
+        let at = |t: &str| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok();
+        assert_eq!(
+            tally(&status),
+            vec![
+                StateTally { state: "ready".into(), modules: 3, earliest: at("2026-12-07T08:30:00Z") },
+                StateTally { state: "blocked".into(), modules: 2, earliest: at("2026-12-07T09:00:00Z") },
+            ]
+        );
+        assert_eq!(tally(&json!({"entries": []})), vec![]);
+        assert_eq!(tally(&json!({})), vec![]);
+    }
 
     #[test]
     fn reads_a_host_header_without_its_port() {

@@ -89,7 +89,7 @@ pub async fn run(args: Serve) -> Result<()> {
     let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
     let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node, tasks.followers.handle());
-    let options_for = |listener: &tokio::net::TcpListener| {
+    let options_for = |listener: &std::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         Ok::<_, Error>(crate::serve::http::HttpOptions::new(
             bound,
@@ -101,11 +101,11 @@ pub async fn run(args: Serve) -> Result<()> {
     };
     if let Some(listener) = http {
         let options = options_for(&listener)?;
-        tasks.handles.push(tokio::spawn(crate::serve::http::serve(listener, state.clone(), options)));
+        tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve(listener, state.clone(), options)));
     }
     if let Some(listener) = probes {
         let options = options_for(&listener)?;
-        tasks.handles.push(tokio::spawn(crate::serve::http::serve_probes(listener, state, options)));
+        tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve_probes(listener, state, options)));
     }
     let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await;
     shut_down(tasks, &opened, embedded).await;
