@@ -3,7 +3,8 @@
 //! NATS echo of the request and one of the reply's size, measured by the same 32 requesters in
 //! the same run, quiet and under the same writes. The host runs on the example accounts config;
 //! the writes and requests are made by one user standing in for the 1 000 node users (the
-//! example names three), allowed to write every node's needs. It prints how the reply cache
+//! example names three), allowed to write every node's needs, each node given its share of the
+//! buckets as `bootstrap --node …` gives it. It prints how the reply cache
 //! answered meanwhile: hits, misses, and replies kept past a write to another node's keys.
 //! A benchmark, not a test.
 //!
@@ -38,7 +39,8 @@ fn need(node: &str, k: usize) -> String {
     format!("$KV.{NEEDS}.{node}.app.config.name{k}")
 }
 
-/// Adds [`WRITER`] to the running server's config (the bus's own users stay as they are).
+/// Adds [`WRITER`] to the running server's config (the bus's own users stay as they are), and
+/// room for the bench's nodes' shares.
 async fn add_writer(bus: &Bus) -> String {
     let password = format!("bench-{}", std::process::id());
     let path = bus.dir.path().join("nats-server.conf");
@@ -55,10 +57,31 @@ async fn add_writer(bus: &Bus) -> String {
     );
     let at = conf.find("users: [").expect("the MESH account's users");
     let conf = format!("{}{user}{}", &conf[..at], &conf[at + "users: [".len()..]);
+    // Room for a share of each bucket every node writes, a node (the example's 256 streams
+    // are for a mesh of a few dozen nodes).
+    assert!(conf.contains("max_streams: 256"), "the MESH account's stream limit");
+    let conf = conf.replacen("max_streams: 256", &format!("max_streams: {}", 4 * NODES + 256), 1);
+    // Each share's bytes are reserved twice (in its stream and in the bucket sourcing it).
+    assert!(conf.contains("max_file: 8GB") && conf.contains("max_file_store: 10GB"), "the storage limits");
+    let conf = conf.replacen("max_file: 8GB", "max_file: 16GB", 1).replacen("max_file_store: 10GB", "max_file_store: 20GB", 1);
     std::fs::write(&path, conf).expect("write the config");
     bus.signal("HUP");
     tokio::time::sleep(Duration::from_millis(500)).await;
     password
+}
+
+/// Gives each of the bench's nodes its share of the buckets every node writes, as `bootstrap
+/// --node n0000 … --node n0999` does (beside the example nodes'): a write to a node's keys is
+/// stored only in its share.
+async fn shares(bus: &Bus) {
+    use mesh_provisioner::nats::bucket::{BucketLimits, Share, Spec, SHARED_BUCKETS};
+    let buckets = SHARED_BUCKETS.iter().map(|b| Spec::new(b, "the bench's nodes' shares, as bootstrap makes them", 1, 1, BucketLimits::default())).collect();
+    let example = mesh_provisioner::nats::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string());
+    let nodes = example.chain((0..NODES).map(node)).collect();
+    // A node's share holds its ten needs many times over; the account holds every share.
+    let plan = mesh_provisioner::nats::mesh::Plan { buckets, nodes, share: Share { max_bytes: 1 << 20, max_keys: 1000 } };
+    let js = bus.js(tests::nats::OPERATOR).await;
+    mesh_provisioner::nats::mesh::apply(&js, &plan).await.result().expect("the bench's nodes' shares made");
 }
 
 async fn connect(bus: &Bus, password: &str) -> Client {
@@ -110,6 +133,7 @@ async fn bench() {
     tests::nats::prefer_release_binary();
     let bus = Bus::start().await;
     let password = add_writer(&bus).await;
+    shares(&bus).await;
     let host = Host::start(&bus, &["--http", "127.0.0.1:0"]).await;
     let metrics = format!("{}/metrics", host.http_url().await);
     let pid = host.child.id().expect("host pid");
