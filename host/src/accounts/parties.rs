@@ -486,9 +486,11 @@ fn mesh_account(mesh: &Mesh) -> Account {
             "mesh-operator",
             &[
                 "The operator: makes the mesh's streams (`mesh-provisioner bootstrap`) with the safe",
-                "settings and limits, and may manage them (update, purge, delete); it writes no bucket.",
+                "settings and limits, and may manage them (update, purge, delete) and read them whole",
+                "(its ordered consumers' flow control answered: a large bucket's listing never stalls);",
+                "it writes no bucket.",
             ],
-            Grant { publish_allow: strings(["$JS.API.>"]), subscribe_allow: strings(["_INBOX_mesh-operator.>"]), ..Grant::default() },
+            Grant { publish_allow: strings(["$JS.API.>", "$JS.FC.>"]), subscribe_allow: strings(["_INBOX_mesh-operator.>"]), ..Grant::default() },
         ),
     ];
     let mut account = Account::new(MESH, &[], users);

@@ -725,3 +725,35 @@ async fn no_bytes_a_node_writes_cut_the_provisioner_off() {
     assert!(lost.is_empty(), "a connection was lost: {lost:?}");
     assert!(host.log_text().lines().all(|l| !l.contains("disconnected from the bus")), "{}", host.log_text());
 }
+
+/// The operator reads a bucket whole (`nats kv ls`, `nats stream view` are ordered consumers)
+/// past the server's flow control: its grant answers `$JS.FC`, so a listing of more than the
+/// consumer's window (a few MB) is never refused its replies and stalled.
+#[tokio::test]
+async fn the_operator_reads_a_large_bucket_answering_its_flow_control() {
+    for bus in [Bus::start().await, Bus::start_operator().await] {
+        // Node alpha's share, filled with ~6 MB (the first flow-control window is 2 MB).
+        let alpha = bus.js("node-alpha").await;
+        let (values, size) = (100, 60_000);
+        let mut acks = Vec::new();
+        for i in 0..values {
+            let ack = alpha.publish(format!("$KV.{NEEDS}.alpha.big.config.v{i:03}"), vec![b'x'; size].into()).await.expect("alpha writes its keys");
+            acks.push(ack);
+        }
+        for ack in acks {
+            ack.await.expect("stored in alpha's share");
+        }
+        let (client, denials) = bus.watched(OPERATOR).await;
+        let js = mesh_provisioner::nats::connect::jetstream_of(client, OPERATOR);
+        let kv = js.get_key_value(NEEDS).await.expect("the operator opens the bucket");
+        let mut watch = kv.watch_with_history("alpha.big.>").await.expect("the operator lists the bucket");
+        let mut read = 0;
+        while read < values {
+            let entry = tokio::time::timeout(Duration::from_secs(60), watch.next()).await.expect("the listing goes on").expect("an entry").expect("readable");
+            assert_eq!(entry.value.len(), size, "{}", entry.key);
+            read += 1;
+        }
+        let refused: Vec<String> = denials.all().into_iter().filter(|m| m.contains("$JS.FC")).collect();
+        assert!(refused.is_empty(), "the operator's flow-control replies were refused: {refused:?}");
+    }
+}
