@@ -1,5 +1,5 @@
 //! The thread the guest's followers run on: plans, module states and notices ([`inputs`]), and
-//! the status page's reads of the mesh.
+//! the HTTP side (`serve::http`: the status page, its reads of the mesh, `/metrics`, probes).
 //!
 //! Their calls are batches (a state sweep, a hundred changed modules) of a millisecond and more.
 //! On the serving thread a request that arrived during one waited for it to yield at the

@@ -6,7 +6,8 @@
 //! server-sent events. Nothing published on the bus reaches a page.
 //!
 //! Served by axum's router on the followers' thread ([`followers`](crate::serve::followers)),
-//! never the verbs' (a scrape tallies a hundred thousand modules' states, a page writes them),
+//! never the verbs' (a page writes a hundred thousand modules' states, a scrape reads their
+//! tally); `/healthz` answers for the verbs' thread by its [`Beat`],
 //! through an accept loop of its own (as an exporter on a shared host is): only the `Host` names the operator allows are answered (others
 //! `421`: no DNS rebinding reads the status), a connection that does not send its headers within
 //! `--http-header-timeout` is closed, a request that takes longer than `--http-request-timeout`
@@ -185,6 +186,8 @@ struct Snapshot {
 /// What the HTTP side reads.
 pub struct Http {
     pub shared: crate::serve::shared::Shared,
+    /// The verbs' thread's last sign of life, for `/healthz` (answered on another thread).
+    pub beat: Beat,
     snapshot: Snapshot,
     /// Most modules of one node a status read shows.
     per_node: usize,
@@ -195,7 +198,55 @@ pub struct Http {
 
 impl Http {
     pub fn new(shared: crate::serve::shared::Shared, per_node: usize, refreshes: tokio::runtime::Handle) -> Arc<Http> {
-        Arc::new(Http { shared, snapshot: Snapshot::default(), per_node: per_node.max(1), refreshes })
+        Arc::new(Http { shared, beat: Beat::new(), snapshot: Snapshot::default(), per_node: per_node.max(1), refreshes })
+    }
+}
+
+/// How often the verbs' thread stamps its [`Beat`].
+pub const BEAT: Duration = Duration::from_secs(1);
+/// How long the verbs' thread may go without stamping before `/healthz` says it is stuck: a
+/// guest call yields every epoch tick, so nothing legitimate holds the thread for seconds.
+const STUCK: Duration = Duration::from_secs(15);
+
+/// When a task on the verbs' thread last ran ([`Beat::stamp`], every [`BEAT`]).
+pub struct Beat {
+    since: Instant,
+    /// Milliseconds after `since`.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Beat {
+    fn new() -> Beat {
+        Beat { since: Instant::now(), last: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Says the stamping thread ran now.
+    pub fn stamp(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why the stamping thread looks stuck at `now`, if it does.
+    fn stuck_at(&self, now: Instant) -> Option<String> {
+        let last = self.since + Duration::from_millis(self.last.load(std::sync::atomic::Ordering::Relaxed));
+        let quiet = now.saturating_duration_since(last);
+        (quiet > STUCK).then(|| format!("the thread serving the verbs has not run for {} s\n", quiet.as_secs()))
+    }
+}
+
+/// Stamps `h`'s beat every [`BEAT`], on the thread it is spawned on (the verbs').
+pub async fn beat(h: Arc<Http>) {
+    loop {
+        h.beat.stamp();
+        tokio::time::sleep(BEAT).await;
+    }
+}
+
+/// `200 ok` while the verbs' thread runs; `503` with how long it has not.
+async fn healthz(State(h): State<Arc<Http>>) -> Response {
+    match h.beat.stuck_at(Instant::now()) {
+        None => "ok\n".into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 
@@ -286,7 +337,7 @@ pub async fn bind(addr: &str, serves: &str) -> Result<std::net::TcpListener> {
 /// The routes a connection in the probes' reserve (or on their own listener) is answered.
 fn probe_routes(http: Arc<Http>, options: &Arc<HttpOptions>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(|| async {
@@ -299,13 +350,11 @@ fn probe_routes(http: Arc<Http>, options: &Arc<HttpOptions>) -> Router {
 /// Serves until the task is aborted: each connection accepted within the cap (past it, within
 /// the probes' reserve, for the probes only), served by hyper with a header-read timeout, every
 /// request checked for its `Host` and bounded in time.
-pub async fn serve(listener: std::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
-    crate::base::metrics::metrics().record();
-    let Some(listener) = on_this_thread(listener) else { return };
+pub async fn serve(listener: tokio::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
     let options = Arc::new(options);
     let app = Router::new()
         .route("/", get(page))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/status", get(status))
@@ -324,24 +373,18 @@ pub async fn serve(listener: std::net::TcpListener, http: Arc<Http>, options: Ht
 
 /// Serves only `/healthz`, `/readyz` and `/metrics` on a listener of their own
 /// (`--http-probes`), [`PROBE_RESERVE`] connections at once.
-pub async fn serve_probes(listener: std::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
-    crate::base::metrics::metrics().record();
-    let Some(listener) = on_this_thread(listener) else { return };
+pub async fn serve_probes(listener: tokio::net::TcpListener, http: Arc<Http>, options: HttpOptions) {
     let options = Arc::new(options);
     let probes = probe_routes(http, &options);
     let connections = Arc::new(tokio::sync::Semaphore::new(PROBE_RESERVE));
     accept(listener, &options, |_| connections.clone().try_acquire_owned().ok().map(|p| (p, probes.clone()))).await
 }
 
-/// A listener [`bind`] made, handed to the runtime this runs on (the followers').
-fn on_this_thread(listener: std::net::TcpListener) -> Option<tokio::net::TcpListener> {
-    match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::error!("the HTTP side cannot listen: {e}");
-            None
-        }
-    }
+/// A listener [`bind`] made, registered with the runtime of `on` (the followers'): the HTTP side
+/// is served there, never on the verbs' thread.
+pub fn listen(listener: std::net::TcpListener, on: &tokio::runtime::Handle) -> Result<tokio::net::TcpListener> {
+    let _entered = on.enter();
+    tokio::net::TcpListener::from_std(listener).map_err(|e| Error::new(ErrorKind::Config, format!("the HTTP side cannot listen: {e}")))
 }
 
 /// The accept loop: `admit` gives each connection its permit and its routes, or refuses it
@@ -662,6 +705,19 @@ async fn page() -> Html<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn says_the_verbs_thread_is_stuck_only_past_the_limit() {
+        let beat = Beat::new();
+        beat.stamp();
+        let now = Instant::now();
+        assert_eq!(beat.stuck_at(now), None);
+        assert_eq!(beat.stuck_at(now + STUCK / 2), None);
+        let why = beat.stuck_at(now + STUCK + Duration::from_secs(5)).expect("stuck past the limit");
+        assert!(why.starts_with("the thread serving the verbs has not run for 2"), "{why}");
+        beat.stamp();
+        assert_eq!(beat.stuck_at(Instant::now()), None, "a new stamp clears it");
+    }
 
     #[test]
     fn tallies_modules_by_state_with_the_earliest_time_one_entered_it() {

@@ -86,9 +86,6 @@ pub async fn run(args: Serve) -> Result<()> {
         report.log();
         report.result()?;
     }
-    let opened = open(&args, bus, current, limits).await?;
-    let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
-    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node, tasks.followers.handle());
     let options_for = |listener: &std::net::TcpListener| {
         let bound = listener.local_addr().map_err(|e| Error::new(ErrorKind::Config, format!("--http: {e}")))?;
         Ok::<_, Error>(crate::serve::http::HttpOptions::new(
@@ -99,15 +96,33 @@ pub async fn run(args: Serve) -> Result<()> {
             args.http_max_connections as usize,
         ))
     };
-    if let Some(listener) = http {
-        let options = options_for(&listener)?;
-        tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve(listener, state.clone(), options)));
+    let http = http.map(|l| options_for(&l).map(|o| (l, o))).transpose()?;
+    let probes = probes.map(|l| options_for(&l).map(|o| (l, o))).transpose()?;
+    if http.is_some() || probes.is_some() {
+        // Requests are counted from the first one on.
+        crate::base::metrics::metrics().record();
     }
-    if let Some(listener) = probes {
-        let options = options_for(&listener)?;
-        tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve_probes(listener, state, options)));
-    }
-    let served = serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await;
+    let opened = open(&args, bus, current, limits).await?;
+    let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
+    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node, tasks.followers.handle());
+    // The HTTP side on the followers' thread; `/healthz` follows the verbs' by a beat from here.
+    let listening = (|| {
+        let on = tasks.followers.handle();
+        if let Some((listener, options)) = http {
+            let listener = crate::serve::http::listen(listener, &on)?;
+            tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve(listener, state.clone(), options)));
+        }
+        if let Some((listener, options)) = probes {
+            let listener = crate::serve::http::listen(listener, &on)?;
+            tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve_probes(listener, state.clone(), options)));
+        }
+        tasks.handles.push(tokio::spawn(crate::serve::http::beat(state)));
+        Ok::<_, Error>(())
+    })();
+    let served = match listening {
+        Ok(()) => serve_while_held(&args, &opened, &tasks, embedded.as_ref()).await,
+        Err(e) => Err(e),
+    };
     shut_down(tasks, &opened, embedded).await;
     served
 }
@@ -269,7 +284,8 @@ struct Tasks {
 
 /// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
 /// registry timer, the component watcher and the signal handler. Plans, module states and
-/// notices run on a thread of their own ([`followers`]): the verbs never wait behind them.
+/// notices run on a thread of their own ([`followers`]; `run` puts the HTTP side there too): the
+/// verbs never wait behind them on one thread.
 fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::runtime::trust::TrustKey>) -> Result<Tasks> {
     let followers = crate::serve::followers::Followers::start()?;
     let mut handles = Vec::new();

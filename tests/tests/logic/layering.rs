@@ -237,7 +237,7 @@ fn the_verbs_and_the_followers_run_on_a_thread_each() {
         .collect();
     // The one runtime beside main's: the followers' thread.
     assert!(runtimes.len() == 1 && runtimes[0].starts_with("serve/followers.rs: "), "runtimes other than main's and the followers': {runtimes:#?}");
-    // The HTTP side runs there too: a scrape tallies every module's state, a page writes them.
+    // The HTTP side runs there too: a page writes every module's state, a status read tallies them.
     let serve = host_code().into_iter().find(|(f, _)| f == "serve/mod.rs").expect("serve/mod.rs").1;
     let http: Vec<&str> = code_lines(&serve).filter(|l| l.contains("serve::http::serve")).collect();
     assert!(!http.is_empty() && http.iter().all(|l| l.contains("followers.spawn(")), "the HTTP side is not spawned on the followers' thread: {http:#?}");
