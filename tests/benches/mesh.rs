@@ -74,14 +74,12 @@ async fn add_writer(bus: &Bus) -> String {
 /// --node n0000 … --node n0999` does (beside the example nodes'): a write to a node's keys is
 /// stored only in its share.
 async fn shares(bus: &Bus) {
-    use mesh_provisioner::nats::bucket::{BucketLimits, Share, Spec, SHARED_BUCKETS};
-    let buckets = SHARED_BUCKETS.iter().map(|b| Spec::new(b, "the bench's nodes' shares, as bootstrap makes them", 1, 1, BucketLimits::default())).collect();
+    use mesh_provisioner::nats::bucket::{BucketLimits, Share};
     let example = mesh_provisioner::nats::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string());
     let nodes = example.chain((0..NODES).map(node)).collect();
     // A node's share holds its ten needs many times over; the account holds every share.
-    let plan = mesh_provisioner::nats::mesh::Plan { buckets, nodes, share: Share { max_bytes: 1 << 20, max_keys: 1000 } };
-    let js = bus.js(tests::nats::OPERATOR).await;
-    mesh_provisioner::nats::mesh::apply(&js, &plan).await.result().expect("the bench's nodes' shares made");
+    let share = Share { max_bytes: 1 << 20, max_keys: 1000 };
+    tests::nats::make_shares(&bus.js(tests::nats::OPERATOR).await, nodes, BucketLimits::default(), share, 1).await;
 }
 
 async fn connect(bus: &Bus, password: &str) -> Client {

@@ -246,9 +246,15 @@ pub async fn make_bucket(js: &jetstream::Context, spec: &mesh_provisioner::nats:
 /// operator's), as `bootstrap --node alpha --node beta --node gamma` makes them, retrying while
 /// a cluster elects.
 pub async fn make_shared(js: &jetstream::Context, limits: mesh_provisioner::nats::bucket::BucketLimits, share: Share, replicas: usize) {
+    let nodes = mesh_provisioner::nats::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string()).collect();
+    make_shares(js, nodes, limits, share, replicas).await
+}
+
+/// Makes the buckets every node writes of `nodes`' shares, as `bootstrap --node …` makes them
+/// (a node given its share anew, the others left as they are), retrying while a cluster elects.
+pub async fn make_shares(js: &jetstream::Context, nodes: Vec<String>, limits: mesh_provisioner::nats::bucket::BucketLimits, share: Share, replicas: usize) {
     use mesh_provisioner::nats::bucket::{Spec, SHARED_BUCKETS};
     let buckets = SHARED_BUCKETS.iter().map(|b| Spec::new(b, "made by a test, as bootstrap makes it", 1, replicas, limits)).collect();
-    let nodes = mesh_provisioner::nats::embedded::EXAMPLE_NODES.iter().map(|n| n.to_string()).collect();
     let plan = mesh_provisioner::nats::mesh::Plan { buckets, nodes, share };
     let start = Instant::now();
     loop {

@@ -46,7 +46,7 @@ impl Followers {
         self.handle.spawn(task)
     }
 
-    /// Where to spawn other batches of guest calls (the status page's reads).
+    /// This thread's runtime, for what must be registered with it (the HTTP side's listeners).
     pub fn handle(&self) -> tokio::runtime::Handle {
         self.handle.clone()
     }

@@ -191,14 +191,11 @@ pub struct Http {
     snapshot: Snapshot,
     /// Most modules of one node a status read shows.
     per_node: usize,
-    /// Where a refresh runs: the followers' thread, not the verbs' (at 100 000 modules a read
-    /// is a hundred guest calls of milliseconds, and every scrape of `/metrics` may start one).
-    refreshes: tokio::runtime::Handle,
 }
 
 impl Http {
-    pub fn new(shared: crate::serve::shared::Shared, per_node: usize, refreshes: tokio::runtime::Handle) -> Arc<Http> {
-        Arc::new(Http { shared, beat: Beat::new(), snapshot: Snapshot::default(), per_node: per_node.max(1), refreshes })
+    pub fn new(shared: crate::serve::shared::Shared, per_node: usize) -> Arc<Http> {
+        Arc::new(Http { shared, beat: Beat::new(), snapshot: Snapshot::default(), per_node: per_node.max(1) })
     }
 }
 
@@ -557,7 +554,9 @@ fn refresh(h: &Arc<Http>) {
         return;
     }
     let h = h.clone();
-    h.refreshes.clone().spawn(async move {
+    // On the HTTP side's thread, the followers' (at 100 000 modules a read is a hundred guest
+    // calls of milliseconds).
+    tokio::spawn(async move {
         let started = Instant::now();
         let read = match read_status(&h).await {
             Ok(value) => {

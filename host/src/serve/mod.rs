@@ -98,13 +98,14 @@ pub async fn run(args: Serve) -> Result<()> {
     };
     let http = http.map(|l| options_for(&l).map(|o| (l, o))).transpose()?;
     let probes = probes.map(|l| options_for(&l).map(|o| (l, o))).transpose()?;
-    if http.is_some() || probes.is_some() {
+    let http_side = http.is_some() || probes.is_some();
+    if http_side {
         // Requests are counted from the first one on.
         crate::base::metrics::metrics().record();
     }
     let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
-    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node, tasks.followers.handle());
+    let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node);
     // The HTTP side on the followers' thread; `/healthz` follows the verbs' by a beat from here.
     let listening = (|| {
         let on = tasks.followers.handle();
@@ -116,7 +117,9 @@ pub async fn run(args: Serve) -> Result<()> {
             let listener = crate::serve::http::listen(listener, &on)?;
             tasks.handles.push(tasks.followers.spawn(crate::serve::http::serve_probes(listener, state.clone(), options)));
         }
-        tasks.handles.push(tokio::spawn(crate::serve::http::beat(state)));
+        if http_side {
+            tasks.handles.push(tokio::spawn(crate::serve::http::beat(state)));
+        }
         Ok::<_, Error>(())
     })();
     let served = match listening {
@@ -277,7 +280,7 @@ struct Tasks {
     audits: Arc<crate::serve::audit::Counts>,
     stop: watch::Receiver<bool>,
     handles: Vec<JoinHandle<()>>,
-    /// Where plans, module states, notices and the status page's reads run (its thread ends
+    /// Where plans, module states, notices and the HTTP side run (its thread ends
     /// when it is dropped).
     followers: crate::serve::followers::Followers,
 }
