@@ -19,10 +19,11 @@ use crate::serve::reconciler::Reconciler;
 /// How often the component path is looked at.
 const POLL: Duration = Duration::from_millis(200);
 
-/// What identifies a file's version without reading it.
-fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
+/// What identifies a file's version without reading it (looked at on a blocking thread: the
+/// path may be on a slow mount, and this runs on the verbs' thread every [`POLL`]).
+async fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
+    let m = tokio::fs::metadata(path).await.ok()?;
     Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
@@ -45,13 +46,13 @@ impl Reloader {
     /// new component.
     pub async fn watch(self) {
         let mut hup = signal(SignalKind::hangup()).ok();
-        let mut seen = stamp(&self.path);
+        let mut seen = stamp(&self.path).await;
         loop {
             let hangup = tokio::select! {
                 _ = tokio::time::sleep(POLL), if self.poll => false,
                 _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending::<()>().await } } => true,
             };
-            let now = stamp(&self.path);
+            let now = stamp(&self.path).await;
             if !hangup && now == seen {
                 continue;
             }
@@ -59,7 +60,7 @@ impl Reloader {
             let mut settled = now;
             loop {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                let again = stamp(&self.path);
+                let again = stamp(&self.path).await;
                 if again == settled {
                     break;
                 }
