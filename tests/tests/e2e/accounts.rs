@@ -728,7 +728,8 @@ async fn no_bytes_a_node_writes_cut_the_provisioner_off() {
 
 /// The operator reads a bucket whole (`nats kv ls`, `nats stream view` are ordered consumers)
 /// past the server's flow control: its grant answers `$JS.FC`, so a listing of more than the
-/// consumer's window (a few MB) is never refused its replies and stalled.
+/// consumer's window (a few MB) is never refused its replies and stalled; and what that grant
+/// lets it send, aimed at the buckets, lands in none.
 #[tokio::test]
 async fn the_operator_reads_a_large_bucket_answering_its_flow_control() {
     for bus in [Bus::start().await, Bus::start_operator().await] {
@@ -755,5 +756,33 @@ async fn the_operator_reads_a_large_bucket_answering_its_flow_control() {
         }
         let refused: Vec<String> = denials.all().into_iter().filter(|m| m.contains("$JS.FC")).collect();
         assert!(refused.is_empty(), "the operator's flow-control replies were refused: {refused:?}");
+
+        // What the grant lets the operator send, aimed at the buckets: forged flow-control
+        // replies named after streams, consumers and keys. No stream stores them.
+        let counts = async || {
+            let mut names: Vec<String> = js.stream_names().filter_map(|n| async move { n.ok() }).collect().await;
+            names.sort();
+            let mut counts = Vec::new();
+            for name in names {
+                let messages = js.get_stream(&name).await.expect("stream info").info().await.expect("stream info").state.messages;
+                counts.push((name, messages));
+            }
+            counts
+        };
+        let before = counts().await;
+        assert!(before.iter().any(|(n, m)| n.starts_with("KV_mesh-provisioner_needs") && *m >= values as u64), "the listing's keys: {before:?}");
+        let forger = js.client();
+        for subject in [
+            format!("$JS.FC.KV_{NEEDS}.x.y"),
+            format!("$JS.FC.KV_{NEEDS}.alpha.big.config.v000"),
+            format!("$JS.FC.KV_{SEAT}.holder"),
+            format!("$JS.FC.KV_{REGISTRY}.config"),
+            "$JS.FC.x".to_string(),
+        ] {
+            forger.publish(subject, br#"{"forged":true}"#.as_slice().into()).await.expect("published");
+        }
+        forger.flush().await.expect("flushed");
+        assert!(denials.all().iter().all(|m| !m.contains("$JS.FC")), "refused: {:?}", denials.all());
+        assert_eq!(counts().await, before, "a forged flow-control reply landed in a stream");
     }
 }
