@@ -230,19 +230,20 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
         // loop itself, against the echo in a process of its own.
         let ping = "$SRV.PING.mesh-provisioner";
         let _ = latencies(c, ping, b"", 300).await;
-        let host = tests::bench::cpu_time(pid);
+        let (host, verbs) = (tests::bench::cpu_time(pid), tests::bench::thread_cpu_time(pid, pid));
         let mut p = latencies(c, ping, b"", 3000).await;
-        let host = (tests::bench::cpu_time(pid) - host) / 3000;
+        let (host, verbs) = ((tests::bench::cpu_time(pid) - host) / 3000, (tests::bench::thread_cpu_time(pid, pid) - verbs) / 3000);
         let other = tests::bench::cpu_time(echo_pid);
         let mut e = latencies(c, ECHO_PROCESS, query, 3000).await;
         let other = (tests::bench::cpu_time(echo_pid) - other) / 3000;
         let (p50, e50) = (pct(&mut p, 0.5), pct(&mut e, 0.5));
         println!(
-            "{label}: the host's $SRV.PING p50 {:.0} µs = {:.2}× the echo in a process of its own ({:.0} µs); CPU a request: the host {:.1} µs, the echo's process {:.1} µs",
+            "{label}: the host's $SRV.PING p50 {:.0} µs = {:.2}× the echo in a process of its own ({:.0} µs); CPU a request: the host {:.1} µs (its verbs' thread {:.1} µs), the echo's process {:.1} µs",
             us(p50),
             p50.as_secs_f64() / e50.as_secs_f64(),
             us(e50),
             us(host),
+            us(verbs),
             us(other)
         );
     }
@@ -284,11 +285,16 @@ async fn measure_uncached(label: &str, bus: &Bus, c: &Client, sized: &Sized, que
 /// loaded phases print is mostly the 32 requesters' calls, on caches they keep warm).
 async fn one_at_a_time(label: &str, c: &Client, query: &[u8], metrics: &str, pid: u32) {
     let before = guest_calls(metrics).await;
-    let cpu = tests::bench::cpu_time(pid);
+    let (cpu, verbs) = (tests::bench::cpu_time(pid), tests::bench::thread_cpu_time(pid, pid));
     let mut times = latencies(c, "mesh-provisioner.provisioning", query, 2000).await;
-    let cpu = (tests::bench::cpu_time(pid) - cpu) / 2000;
+    let (cpu, verbs) = ((tests::bench::cpu_time(pid) - cpu) / 2000, (tests::bench::thread_cpu_time(pid, pid) - verbs) / 2000);
     let after = guest_calls(metrics).await;
-    print!("{label}: one at a time p50 {:.0} µs, the host's CPU {:.1} µs a request; ", us(pct(&mut times, 0.5)), us(cpu));
+    print!(
+        "{label}: one at a time p50 {:.0} µs, the host's CPU {:.1} µs a request (its verbs' thread {:.1} µs); ",
+        us(pct(&mut times, 0.5)),
+        us(cpu),
+        us(verbs)
+    );
     handle_calls(label, &before, &after);
 }
 

@@ -165,6 +165,16 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// Time one thread (`tid`) of process `pid` has spent on a CPU so far: the host's verbs run on
+/// its main thread (`tid` = `pid`), its followers, HTTP side and epoch ticks on others.
+pub fn thread_cpu_time(pid: u32, tid: u32) -> Duration {
+    let ns = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .unwrap_or(0);
+    Duration::from_nanos(ns)
+}
+
 /// Waits until the process `pid` is idle again (under a tenth of a CPU over a second) or
 /// `cap` passed; how long it waited.
 pub async fn idle(pid: u32, cap: std::time::Duration) -> std::time::Duration {
