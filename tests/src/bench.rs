@@ -158,20 +158,19 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 /// scheduler's own count, `/proc/<pid>/task/*/schedstat`).
 pub fn cpu_time(pid: u32) -> Duration {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
-    let ns: u64 = tasks
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
-        .sum();
-    Duration::from_nanos(ns)
+    tasks.map(|t| on_cpu(&t.path())).sum()
 }
 
 /// Time one thread (`tid`) of process `pid` has spent on a CPU so far: the host's verbs run on
 /// its main thread (`tid` = `pid`), its followers, HTTP side and epoch ticks on others.
 pub fn thread_cpu_time(pid: u32, tid: u32) -> Duration {
-    let ns = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
-        .unwrap_or(0);
+    on_cpu(std::path::Path::new(&format!("/proc/{pid}/task/{tid}")))
+}
+
+/// The time on a CPU a task's `schedstat` says (its first field, nanoseconds); none when it is
+/// gone.
+fn on_cpu(task: &std::path::Path) -> Duration {
+    let ns = std::fs::read_to_string(task.join("schedstat")).ok().and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok())).unwrap_or(0);
     Duration::from_nanos(ns)
 }
 
