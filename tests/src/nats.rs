@@ -453,6 +453,38 @@ impl Cluster {
         }
     }
 
+    /// Waits (bounded) until every stream of the buckets' account answers its info with a
+    /// leader: after a server dies, each stream it led is leaderless until its group elects
+    /// another (nats-server's election timeout is seconds), and a write to it meanwhile has no
+    /// responder.
+    pub async fn until_every_stream_is_led(&self) -> Duration {
+        use futures::TryStreamExt;
+        let js = self.any().js(OPERATOR).await;
+        let start = Instant::now();
+        loop {
+            let mut pending = Vec::new();
+            match js.stream_names().try_collect::<Vec<String>>().await {
+                Ok(names) => {
+                    for name in names {
+                        let led = match js.get_stream(&name).await {
+                            Ok(mut s) => s.info().await.ok().and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone())),
+                            Err(_) => None,
+                        };
+                        if led.is_none() {
+                            pending.push(name);
+                        }
+                    }
+                }
+                Err(e) => pending.push(format!("listing: {e}")),
+            }
+            if pending.is_empty() {
+                return start.elapsed();
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "streams without a leader: {pending:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Stops server `i` for good (its store is dropped).
     pub async fn kill(&mut self, i: usize) {
         if let Some(b) = self.servers[i].take() {

@@ -6,7 +6,10 @@
 //! the lease by its holder, not the standby's own — by compare-and-set.
 //! The lease is held only until a monotonic deadline (¾ TTL after the last renewal was sent), so
 //! a holder that is paused, partitioned or fails to renew stops serving and writing at once,
-//! before the TTL can pass, even before this task gets to run again.
+//! before the TTL can pass, even before this task gets to run again. A renewal that fails while
+//! no one else holds the seat (a stream electing a leader, a server dying under the
+//! connection) is tried again every poll until the lease runs out: the seat is kept through
+//! faults shorter than the lease.
 
 use crate::base::sync::Locked;
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,8 @@ pub struct Seat {
     held: watch::Sender<bool>,
     /// Counts the times the seat was taken: the current term.
     terms: std::sync::atomic::AtomicU64,
+    /// Since when renewals have failed (none while they succeed).
+    failing: Mutex<Option<Instant>>,
 }
 
 impl Seat {
@@ -71,6 +76,7 @@ impl Seat {
             observed: Mutex::new(None),
             held: watch::channel(false).0,
             terms: Default::default(),
+            failing: Mutex::new(None),
         }))
     }
 
@@ -116,6 +122,9 @@ impl Seat {
     }
 
     fn hold(&self, revision: u64, sent: Instant) {
+        if let Some(since) = self.failing.locked().take() {
+            tracing::info!(instance = self.instance, after = ?since.elapsed(), "renewed the lease again");
+        }
         let mut lease = self.lease.locked();
         if lease.is_none() {
             self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -127,7 +136,24 @@ impl Seat {
         }
     }
 
+    /// A renewal failed without anyone else holding the seat: said once, tried again at
+    /// [`Seat::poll`] until it succeeds or the lease runs out.
+    fn renewal_failed(&self, why: &str, until: Instant) {
+        let mut failing = self.failing.locked();
+        if failing.is_none() {
+            *failing = Some(Instant::now());
+            let left = until.saturating_duration_since(Instant::now());
+            tracing::warn!(instance = self.instance, ?left, "renewal failed: {why}; serving on while the lease holds, trying again");
+        }
+    }
+
+    /// Whether the last renewal failed, so the next is tried soon rather than in an interval.
+    fn renewal_failing(&self) -> bool {
+        self.failing.locked().is_some()
+    }
+
     fn drop_lease(&self, why: &str) {
+        self.failing.locked().take();
         let had = self.lease.locked().take().is_some();
         if had {
             tracing::warn!(instance = self.instance, "lost the seat: {why}; no longer serving or writing");
@@ -146,21 +172,27 @@ impl Seat {
                 self.drop_lease("the lease ran out before it was renewed (paused or cut off)");
                 false
             }
-            Some((revision, _)) => match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), revision)).await {
-                Ok(Ok(rev)) => {
-                    self.hold(rev, sent);
-                    true
+            // A renewal may take as long as the lease holds: a stream whose leader died has no
+            // responder until its group elects another, and a connection to a dying server
+            // loses what was in flight. Neither lets anyone else take the seat before the
+            // lease runs out, so the holder keeps serving and tries again until then.
+            Some((revision, until)) => {
+                match tokio::time::timeout(until.saturating_duration_since(sent), self.kv.update(HOLDER, self.value(), revision)).await {
+                    Ok(Ok(rev)) => {
+                        self.hold(rev, sent);
+                        true
+                    }
+                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, sent, &e.to_string()).await,
+                    Ok(Err(e)) => {
+                        self.renewal_failed(&e.to_string(), until);
+                        self.is_held()
+                    }
+                    Err(_) => {
+                        self.drop_lease("the lease ran out while its renewal went unanswered");
+                        false
+                    }
                 }
-                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, sent, &e.to_string()).await,
-                Ok(Err(e)) => {
-                    self.drop_lease(&format!("renewal refused: {e}"));
-                    false
-                }
-                Err(_) => {
-                    self.drop_lease("renewal timed out");
-                    false
-                }
-            },
+            }
             None => self.take(sent).await,
         }
     }
@@ -178,11 +210,19 @@ impl Seat {
                 return false;
             }
         };
-        if entry.operation != kv::Operation::Put || is_lease(&entry.value) || entry.revision <= held {
+        // A renewal whose answer was lost (its server died after storing it) moved the
+        // revision under this holder's own lease: renewed over, as any other renewal.
+        let own = is_own_lease(&entry.value, &self.instance);
+        if entry.operation != kv::Operation::Put || (is_lease(&entry.value) && !own) || entry.revision <= held {
             self.drop_lease(&format!("renewal refused: {why}"));
             return false;
         }
         match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+            Ok(Ok(rev)) if own => {
+                tracing::info!(instance = self.instance, revision = entry.revision, "a renewal whose answer was lost had landed: renewed over it");
+                self.hold(rev, sent);
+                true
+            }
             Ok(Ok(rev)) => {
                 let shown: String = String::from_utf8_lossy(&entry.value).chars().take(120).collect();
                 tracing::warn!(
@@ -229,7 +269,7 @@ impl Seat {
             return false;
         }
         let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok().filter(|_| is_lease(&entry.value));
-        let ours = lease.as_ref().is_some_and(|v| v["instance"] == self.instance.as_str());
+        let ours = is_own_lease(&entry.value, &self.instance);
         let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
             let mut seen = self.observed.locked();
@@ -278,7 +318,7 @@ impl Seat {
     pub async fn run(self: Arc<Self>) {
         loop {
             let held = self.step().await;
-            tokio::time::sleep(if held { self.interval() } else { self.poll() }).await;
+            tokio::time::sleep(if held && !self.renewal_failing() { self.interval() } else { self.poll() }).await;
         }
     }
 
@@ -300,6 +340,11 @@ impl Seat {
 /// Whether `value` is a lease as a holder writes it: JSON naming an instance and its TTL.
 fn is_lease(value: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
+}
+
+/// Whether `value` is a lease written by `instance`.
+fn is_own_lease(value: &[u8], instance: &str) -> bool {
+    is_lease(value) && serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"] == instance)
 }
 
 /// The seat bucket: one value kept, expired after the TTL.
@@ -325,5 +370,13 @@ mod tests {
         ] {
             assert!(!is_lease(not), "{}", String::from_utf8_lossy(not));
         }
+    }
+
+    #[test]
+    fn an_own_lease_names_this_instance() {
+        let lease = br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#;
+        assert!(is_own_lease(lease, "h-1"));
+        assert!(!is_own_lease(lease, "h-2"));
+        assert!(!is_own_lease(br#"{"instance":"h-1"}"#, "h-1"), "no TTL: no lease");
     }
 }
