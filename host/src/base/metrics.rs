@@ -131,6 +131,7 @@ pub struct Metrics {
     pub refusals: Counter,
     pub seat_holder: Gauge,
     pub seat_transitions: Counter,
+    pub seat_renewals_failed: Counter,
     pub mirror_keys: Family<Bucket, Gauge>,
     pub mirror_bytes: Family<Bucket, Gauge>,
     pub mirror_lag: Family<Bucket, Gauge>,
@@ -189,6 +190,7 @@ impl Metrics {
             refusals: Counter::default(),
             seat_holder: Gauge::default(),
             seat_transitions: Counter::default(),
+            seat_renewals_failed: Counter::default(),
             mirror_keys: Family::default(),
             mirror_bytes: Family::default(),
             mirror_lag: Family::default(),
@@ -245,6 +247,11 @@ impl Metrics {
         registry.register("component_refusals", "Components refused on upgrade (the running one kept serving)", m.refusals.clone());
         registry.register("seat_holder", "1 while this instance holds the seat, 0 while it stands by", m.seat_holder.clone());
         registry.register("seat_transitions", "Times this instance took or lost the seat", m.seat_transitions.clone());
+        registry.register(
+            "seat_renewals_failed",
+            "Renewals of the seat's lease that failed while it still held (each tried again until the lease runs out)",
+            m.seat_renewals_failed.clone(),
+        );
         registry.register("mirror_keys", "Keys held by the mirror of a bucket", m.mirror_keys.clone());
         registry.register("mirror_bytes", "Bytes of keys and values held by the mirror of a bucket", m.mirror_bytes.clone());
         registry.register("mirror_lag_messages", "Messages the bucket held past the last one its mirror applied", m.mirror_lag.clone());

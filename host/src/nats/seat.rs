@@ -139,6 +139,7 @@ impl Seat {
     /// A renewal failed without anyone else holding the seat: said once, tried again at
     /// [`Seat::poll`] until it succeeds or the lease runs out.
     fn renewal_failed(&self, why: &str, until: Instant) {
+        crate::base::metrics::metrics().seat_renewals_failed.inc();
         let mut failing = self.failing.locked();
         if failing.is_none() {
             *failing = Some(Instant::now());

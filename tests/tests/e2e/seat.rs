@@ -343,7 +343,13 @@ async fn a_holder_keeps_the_seat_while_the_server_leading_its_lease_dies() {
     let mut cluster = Cluster::start(3).await;
     // A lease of 30 s is renewed every 10 s and held 22.5 s past a renewal: longer than the
     // seconds (up to ten, measured) a stream's group takes to elect a leader after its leader dies.
-    let host = Host::spawn(&cluster.urls(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &["--replicas", "3", "--seat-ttl", "30s"]);
+    let host = Host::spawn(
+        &cluster.urls(),
+        &cluster,
+        tempfile::tempdir().unwrap(),
+        &tests::component_path(),
+        &["--replicas", "3", "--seat-ttl", "30s", "--http", "127.0.0.1:0"],
+    );
     let c = cluster.bus(0).client("node-alpha").await;
     until_answering(&c, Duration::from_secs(60)).await;
     let js = cluster.bus(0).js(tests::nats::OPERATOR).await;
@@ -374,6 +380,10 @@ async fn a_holder_keeps_the_seat_while_the_server_leading_its_lease_dies() {
     assert!(log.contains("renewal failed"), "the renewal never met the leaderless stream:\n{log}");
     assert!(!log.contains("lost the seat"), "the seat was given up:\n{log}");
     assert_eq!(lease(cluster.any()).await.map(|(h, _)| h), Some(holder));
+    // Said to the operator: the failed renewals counted, the seat taken once and never lost.
+    let http = host.http_url().await;
+    assert!(tests::bench::metric(&format!("{http}/metrics"), "mesh_provisioner_seat_renewals_failed_total ").await >= 1.0);
+    assert_eq!(tests::bench::metric(&format!("{http}/metrics"), "mesh_provisioner_seat_transitions_total ").await, 1.0);
     // A connection the dead server held resyncs its mirrors once their streams are led again
     // (503 until then); then the holder answers as before.
     until_answering(&c, Duration::from_secs(60)).await;
