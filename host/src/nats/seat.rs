@@ -33,6 +33,9 @@ pub struct Seat {
     config: crate::nats::bucket::Spec,
     kv: kv::Store,
     instance: String,
+    /// A random tag of this process, written in its leases: a lease is this process's own only
+    /// if it carries it (two processes given the same `--instance` must not both hold).
+    run: String,
     /// How long this instance's leases last (at most the bucket's max age).
     ttl: Duration,
     /// The seat bucket's max age (zero: none): no lease outlives it unrenewed.
@@ -65,11 +68,13 @@ impl Seat {
         } else {
             ttl
         };
+        let run = crate::base::random::random_password()?.chars().take(16).collect();
         Ok(Arc::new(Seat {
             js: js.clone(),
             config,
             kv,
             instance,
+            run,
             ttl,
             max_age,
             lease: Mutex::new(None),
@@ -118,7 +123,7 @@ impl Seat {
     }
 
     fn value(&self) -> bytes::Bytes {
-        json!({"instance": self.instance, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
+        json!({"instance": self.instance, "run": self.run, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
     }
 
     fn hold(&self, revision: u64, sent: Instant) {
@@ -213,7 +218,7 @@ impl Seat {
         };
         // A renewal whose answer was lost (its server died after storing it) moved the
         // revision under this holder's own lease: renewed over, as any other renewal.
-        let own = is_own_lease(&entry.value, &self.instance);
+        let own = is_own_lease(&entry.value, &self.instance, &self.run);
         if entry.operation != kv::Operation::Put || (is_lease(&entry.value) && !own) || entry.revision <= held {
             self.drop_lease(&format!("renewal refused: {why}"));
             return false;
@@ -257,7 +262,7 @@ impl Seat {
         }
     }
 
-    /// The lease exists. Take it by compare-and-set on its revision when it names this instance
+    /// The lease exists. Take it by compare-and-set on its revision when it is this process's own
     /// (after a bus outage), or when its holder has not renewed for a whole TTL by this
     /// instance's clock: the holder stopped itself ¾ TTL after sending its last renewal, which
     /// was before it was seen here. Waiting for the bucket's max age to expire the key would
@@ -270,7 +275,7 @@ impl Seat {
             return false;
         }
         let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok().filter(|_| is_lease(&entry.value));
-        let ours = is_own_lease(&entry.value, &self.instance);
+        let ours = is_own_lease(&entry.value, &self.instance, &self.run);
         let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
             let mut seen = self.observed.locked();
@@ -343,9 +348,9 @@ fn is_lease(value: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
 }
 
-/// Whether `value` is a lease written by `instance`.
-fn is_own_lease(value: &[u8], instance: &str) -> bool {
-    is_lease(value) && serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"] == instance)
+/// Whether `value` is a lease written by this process: `instance` in its run `run`.
+fn is_own_lease(value: &[u8], instance: &str, run: &str) -> bool {
+    is_lease(value) && serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"] == instance && v["run"] == run)
 }
 
 /// The seat bucket: one value kept, expired after the TTL.
@@ -374,10 +379,12 @@ mod tests {
     }
 
     #[test]
-    fn an_own_lease_names_this_instance() {
-        let lease = br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#;
-        assert!(is_own_lease(lease, "h-1"));
-        assert!(!is_own_lease(lease, "h-2"));
-        assert!(!is_own_lease(br#"{"instance":"h-1"}"#, "h-1"), "no TTL: no lease");
+    fn an_own_lease_names_this_instance_and_this_run() {
+        let lease = br#"{"instance":"h-1","run":"r1","pid":7,"ttl_ms":10000}"#;
+        assert!(is_own_lease(lease, "h-1", "r1"));
+        assert!(!is_own_lease(lease, "h-2", "r1"));
+        assert!(!is_own_lease(lease, "h-1", "r2"), "another process given the same instance name");
+        assert!(!is_own_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#, "h-1", "r1"), "no run: an older holder's");
+        assert!(!is_own_lease(br#"{"instance":"h-1","run":"r1"}"#, "h-1", "r1"), "no TTL: no lease");
     }
 }

@@ -238,6 +238,28 @@ async fn a_standby_with_a_short_ttl_judges_the_lease_by_the_holders_ttl() {
 }
 
 #[tokio::test]
+async fn two_processes_given_one_instance_name_never_both_hold() {
+    let bus = Bus::start().await;
+    let first = spawn(&bus, "twin", &[]);
+    let c = bus.client("node-alpha").await;
+    until_answering(&c, Duration::from_secs(30)).await;
+    let second = spawn(&bus, "twin", &[]);
+    // The second finds a lease naming its own instance: not its own lease all the same (another
+    // process's run), so it stands by while the first renews.
+    log_shows(&second, "standing by").await;
+    until_renewed_twice(&bus).await;
+    until_renewed_twice(&bus).await;
+    assert!(!second.log_text().contains("took the seat"), "{}", second.log_text());
+    assert!(!first.log_text().contains("lost the seat"), "{}", first.log_text());
+    assert_eq!(pingers(&c).await.len(), 1, "exactly one answers");
+    // Still a standby: it takes over once the first is gone.
+    first.signal("KILL");
+    log_shows(&second, "took the seat").await;
+    until_answering(&c, Duration::from_secs(30)).await;
+    second.stop().await;
+}
+
+#[tokio::test]
 async fn a_holder_that_loses_the_seat_while_the_guest_runs_does_not_answer() {
     let bus = Bus::start().await;
     let host = spawn_with(&bus, "one", &tests::fixture("misbehave"), "1500ms", &["--guest-deadline", "5s"]);
