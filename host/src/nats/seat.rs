@@ -9,7 +9,9 @@
 //! before the TTL can pass, even before this task gets to run again. A renewal that fails while
 //! no one else holds the seat (a stream electing a leader, a server dying under the
 //! connection) is tried again every poll until the lease runs out: the seat is kept through
-//! faults shorter than the lease.
+//! faults shorter than the lease. A renewal answered after the lease ran out renews nothing
+//! (a standby may have taken over meanwhile), and a bucket found gone gives the lease up at
+//! once (whoever makes it again may create the key).
 
 use crate::base::sync::Locked;
 use std::sync::{Arc, Mutex};
@@ -43,7 +45,9 @@ pub struct Seat {
     /// The lease's revision and the monotonic instant it is held until.
     lease: Mutex<Option<(u64, Instant)>>,
     /// As a standby: the holder's revision last seen and when it was first seen.
-    observed: Mutex<Option<(u64, Instant)>>,
+    /// Its value too: a bucket made again numbers revisions from 1 anew, and a revision seen
+    /// before it was lost must not count as the new lease's.
+    observed: Mutex<Option<(u64, bytes::Bytes, Instant)>>,
     held: watch::Sender<bool>,
     /// Counts the times the seat was taken: the current term.
     terms: std::sync::atomic::AtomicU64,
@@ -126,19 +130,31 @@ impl Seat {
         json!({"instance": self.instance, "run": self.run, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
     }
 
-    fn hold(&self, revision: u64, sent: Instant) {
-        if let Some(since) = self.failing.locked().take() {
-            tracing::info!(instance = self.instance, after = ?since.elapsed(), "renewed the lease again");
-        }
+    /// Holds the lease at `revision`, written by a request sent at `sent`; whether it is held.
+    fn hold(&self, revision: u64, sent: Instant) -> bool {
         let mut lease = self.lease.locked();
-        if lease.is_none() {
-            self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        match *lease {
+            // A renewal that came back after the lease ran out renews nothing: a standby may
+            // have taken over meanwhile. The seat is contended for anew, in a new term.
+            Some((_, until)) if Instant::now() >= until => {
+                drop(lease);
+                self.drop_lease("the lease ran out while it was being renewed");
+                return false;
+            }
+            Some(_) => {}
+            None => {
+                self.terms.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
         }
         *lease = Some((revision, sent + self.ttl * 3 / 4));
         drop(lease);
+        if let Some(since) = self.failing.locked().take() {
+            tracing::info!(instance = self.instance, after = ?since.elapsed(), "renewed the lease again");
+        }
         if self.held.send_if_modified(|h| !std::mem::replace(h, true)) {
             crate::base::metrics::metrics().seat_transitions.inc();
         }
+        true
     }
 
     /// A renewal failed without anyone else holding the seat: said once, tried again at
@@ -184,12 +200,17 @@ impl Seat {
             // lease runs out, so the holder keeps serving and tries again until then.
             Some((revision, until)) => {
                 match tokio::time::timeout(until.saturating_duration_since(sent), self.kv.update(HOLDER, self.value(), revision)).await {
-                    Ok(Ok(rev)) => {
-                        self.hold(rev, sent);
-                        true
-                    }
-                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, sent, &e.to_string()).await,
+                    Ok(Ok(rev)) => self.hold(rev, sent),
+                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => self.write_over(revision, until, sent, &e.to_string()).await,
                     Ok(Err(e)) => {
+                        // No responder is also what a bucket that is gone answers (a server
+                        // back with an empty store): that is no election, and whoever makes
+                        // the bucket again may create the key at once. Given up now.
+                        let left = until.saturating_duration_since(Instant::now());
+                        if let Ok(Ok(None)) = tokio::time::timeout(left, crate::nats::bucket::stream_info(&self.js, SEAT_BUCKET)).await {
+                            self.drop_lease("the seat's bucket is gone");
+                            return false;
+                        }
                         self.renewal_failed(&e.to_string(), until);
                         self.is_held()
                     }
@@ -208,26 +229,41 @@ impl Seat {
     /// publishes its reply wherever a request names (the JetStream API answers `$JS.API.INFO`
     /// on `$KV.mesh-provisioner_seat.holder` if a node asks so), and such a value is no lease:
     /// the holder writes over it at once, by compare-and-set on its revision, and holds on.
-    async fn write_over(&self, held: u64, sent: Instant, why: &str) -> bool {
-        let entry = match tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await {
+    /// No one else takes the seat before `until`: until then a read or write that fails is
+    /// tried again, as a failed renewal is, and each waits no longer than the lease holds.
+    async fn write_over(&self, held: u64, until: Instant, sent: Instant, why: &str) -> bool {
+        let left = || until.saturating_duration_since(Instant::now());
+        let entry = match tokio::time::timeout(left(), self.kv.entry(HOLDER)).await {
             Ok(Ok(Some(entry))) => entry,
-            _ => {
-                self.drop_lease(&format!("renewal refused: {why}"));
+            Ok(Ok(None)) => {
+                self.drop_lease(&format!("renewal refused: {why}; the key is gone"));
+                return false;
+            }
+            Ok(Err(e)) => {
+                self.renewal_failed(&format!("{why}; reading the key: {e}"), until);
+                return self.is_held();
+            }
+            Err(_) => {
+                self.drop_lease("the lease ran out while its renewal went unanswered");
                 return false;
             }
         };
         // A renewal whose answer was lost (its server died after storing it) moved the
         // revision under this holder's own lease: renewed over, as any other renewal.
         let own = is_own_lease(&entry.value, &self.instance, &self.run);
-        if entry.operation != kv::Operation::Put || (is_lease(&entry.value) && !own) || entry.revision <= held {
+        if entry.operation != kv::Operation::Put || (is_lease(&entry.value) && !own) {
             self.drop_lease(&format!("renewal refused: {why}"));
             return false;
         }
-        match tokio::time::timeout(self.interval(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
+        if entry.revision <= held {
+            // A replica behind the leader answered the read: asked again.
+            self.renewal_failed(&format!("{why}; the key read at revision {} of {held}", entry.revision), until);
+            return self.is_held();
+        }
+        match tokio::time::timeout(left(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
             Ok(Ok(rev)) if own => {
                 tracing::info!(instance = self.instance, revision = entry.revision, "a renewal whose answer was lost had landed: renewed over it");
-                self.hold(rev, sent);
-                true
+                self.hold(rev, sent)
             }
             Ok(Ok(rev)) => {
                 let shown: String = String::from_utf8_lossy(&entry.value).chars().take(120).collect();
@@ -236,11 +272,14 @@ impl Seat {
                     revision = entry.revision,
                     "a value that is no lease was written on the seat's key (a reply aimed there?): written over: {shown}"
                 );
-                self.hold(rev, sent);
-                true
+                self.hold(rev, sent)
             }
-            _ => {
-                self.drop_lease(&format!("renewal refused: {why}; writing over a value that is no lease failed"));
+            Ok(Err(e)) => {
+                self.renewal_failed(&format!("{why}; writing over revision {}: {e}", entry.revision), until);
+                self.is_held()
+            }
+            Err(_) => {
+                self.drop_lease("the lease ran out while its renewal went unanswered");
                 false
             }
         }
@@ -250,8 +289,7 @@ impl Seat {
         match tokio::time::timeout(self.interval(), self.kv.create(HOLDER, self.value())).await {
             Ok(Ok(rev)) => {
                 tracing::info!(instance = self.instance, revision = rev, "took the seat");
-                self.hold(rev, sent);
-                true
+                self.hold(rev, sent)
             }
             Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => self.contend(sent).await,
             Ok(Err(e)) => {
@@ -280,13 +318,13 @@ impl Seat {
         let stale = {
             let mut seen = self.observed.locked();
             match *seen {
-                Some((rev, since)) if rev == entry.revision => since.elapsed() >= ttl,
+                Some((rev, ref value, since)) if rev == entry.revision && *value == entry.value => since.elapsed() >= ttl,
                 // A value that is no lease (see `write_over`) does not restart the wait: the
                 // holder is judged by its last real lease, so such writes can neither hold
                 // off a takeover from a dead holder nor hurry one from a live one.
-                Some((_, since)) if lease.is_none() => since.elapsed() >= ttl,
+                Some((_, _, since)) if lease.is_none() => since.elapsed() >= ttl,
                 _ => {
-                    *seen = Some((entry.revision, Instant::now()));
+                    *seen = Some((entry.revision, entry.value.clone(), Instant::now()));
                     false
                 }
             }
@@ -298,8 +336,7 @@ impl Seat {
             Ok(Ok(rev)) => {
                 let how = if ours { "took the seat back" } else { "took the seat from a holder that stopped renewing" };
                 tracing::info!(instance = self.instance, revision = rev, "{how}");
-                self.hold(rev, sent);
-                true
+                self.hold(rev, sent)
             }
             _ => false,
         }
