@@ -45,9 +45,10 @@ pub struct Seat {
     /// The lease's revision and the monotonic instant it is held until.
     lease: Mutex<Option<(u64, Instant)>>,
     /// As a standby: the holder's revision last seen and when it was first seen.
-    /// Its value too: a bucket made again numbers revisions from 1 anew, and a revision seen
-    /// before it was lost must not count as the new lease's.
-    observed: Mutex<Option<(u64, bytes::Bytes, Instant)>>,
+    /// With the server's time of that write (a bucket made again numbers revisions from 1
+    /// anew, and a revision seen before it was lost must not count as the new lease's) and
+    /// how long its holder may go without renewing.
+    observed: Mutex<Option<Observed>>,
     held: watch::Sender<bool>,
     /// Counts the times the seat was taken: the current term.
     terms: std::sync::atomic::AtomicU64,
@@ -286,6 +287,19 @@ impl Seat {
     }
 
     async fn take(&self, sent: Instant) -> bool {
+        // A key with no entry at all where a lease was seen here: the bucket was made again (a
+        // server back with an empty store) or the lease expired. Its holder may hold on until
+        // it finds out, ¾ TTL past its last renewal at most, so the key is created only once
+        // the lease seen has not moved for a whole TTL, as for one that is still there. A
+        // released lease leaves a delete marker, taken at once.
+        let waiting = self.observed.locked().as_ref().is_some_and(|o| o.since.elapsed() < o.ttl);
+        if waiting {
+            match tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await {
+                Ok(Ok(None)) => return false,
+                Ok(Ok(Some(_))) => {}
+                _ => return false,
+            }
+        }
         match tokio::time::timeout(self.interval(), self.kv.create(HOLDER, self.value())).await {
             Ok(Ok(rev)) => {
                 tracing::info!(instance = self.instance, revision = rev, "took the seat");
@@ -318,13 +332,13 @@ impl Seat {
         let stale = {
             let mut seen = self.observed.locked();
             match *seen {
-                Some((rev, ref value, since)) if rev == entry.revision && *value == entry.value => since.elapsed() >= ttl,
+                Some(ref o) if o.revision == entry.revision && o.created == entry.created => o.since.elapsed() >= o.ttl,
                 // A value that is no lease (see `write_over`) does not restart the wait: the
                 // holder is judged by its last real lease, so such writes can neither hold
                 // off a takeover from a dead holder nor hurry one from a live one.
-                Some((_, _, since)) if lease.is_none() => since.elapsed() >= ttl,
+                Some(ref o) if lease.is_none() => o.since.elapsed() >= o.ttl,
                 _ => {
-                    *seen = Some((entry.revision, entry.value.clone(), Instant::now()));
+                    *seen = Some(Observed { revision: entry.revision, created: entry.created, since: Instant::now(), ttl });
                     false
                 }
             }
@@ -378,6 +392,17 @@ impl Seat {
             }
         }
     }
+}
+
+/// A lease as a standby saw it.
+struct Observed {
+    revision: u64,
+    /// The server's time of the write.
+    created: async_nats::datetime::DateTime,
+    /// When this instance first saw it.
+    since: Instant,
+    /// How long its holder may go without renewing.
+    ttl: Duration,
 }
 
 /// Whether `value` is a lease as a holder writes it: JSON naming an instance and its TTL.

@@ -260,6 +260,30 @@ async fn two_processes_given_one_instance_name_never_both_hold() {
 }
 
 #[tokio::test]
+async fn a_lease_gone_from_the_bus_is_not_taken_by_a_standby_before_the_holder_finds_out() {
+    let bus = Bus::start().await;
+    // Renewals every 2 s; the standby looks every 250 ms.
+    let holder = spawn_with(&bus, "holder", &tests::component_path(), "6s", &[]);
+    let c = bus.client("node-alpha").await;
+    until_answering(&c, Duration::from_secs(30)).await;
+    let standby = spawn_with(&bus, "standby", &tests::component_path(), "6s", &[]);
+    log_shows(&standby, "standing by").await;
+    until_renewed_twice(&bus).await;
+    // The key goes with no delete marker, as when the bus loses the bucket's messages: the
+    // holder holds on until its next renewal finds it gone, so the standby must not create it.
+    let js = bus.js(tests::nats::OPERATOR).await;
+    js.get_stream("KV_mesh-provisioner_seat").await.unwrap().purge().await.unwrap();
+    log_shows(&holder, "the key is gone").await;
+    until_renewed_twice(&bus).await;
+    assert_eq!(lease(&bus).await.map(|(h, _)| h).as_deref(), Some("holder"));
+    assert!(!standby.log_text().contains("took the seat"), "{}", standby.log_text());
+    assert_eq!(pingers(&c).await, vec!["holder".to_string()]);
+    for h in [holder, standby] {
+        h.stop().await;
+    }
+}
+
+#[tokio::test]
 async fn a_holder_that_loses_the_seat_while_the_guest_runs_does_not_answer() {
     let bus = Bus::start().await;
     let host = spawn_with(&bus, "one", &tests::fixture("misbehave"), "1500ms", &["--guest-deadline", "5s"]);
