@@ -183,9 +183,15 @@ impl Bus {
 
     /// The instance the seat's lease names, if any.
     pub async fn seat_holder(&self) -> Option<String> {
+        self.seat_lease().await.map(|(holder, _)| holder)
+    }
+
+    /// The seat's holder and the lease's revision.
+    pub async fn seat_lease(&self) -> Option<(String, u64)> {
         let kv = self.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-        let v = kv.get("holder").await.ok()??;
-        serde_json::from_slice::<serde_json::Value>(&v).ok()?["instance"].as_str().map(str::to_string)
+        let entry = kv.entry("holder").await.ok()??;
+        let v: Value = serde_json::from_slice(&entry.value).ok()?;
+        Some((v["instance"].as_str()?.to_string(), entry.revision))
     }
 
     /// Writes `key` = `value` into `bucket` as `user`.
@@ -196,6 +202,30 @@ impl Bus {
 }
 
 /// The user that makes streams in the example config.
+/// The info of every stream of the account `js` is in, and each that could not be read, said.
+async fn stream_infos(js: &jetstream::Context) -> (Vec<jetstream::stream::Info>, Vec<String>) {
+    use futures::TryStreamExt;
+    let mut pending = Vec::new();
+    let names: Vec<String> = match js.stream_names().try_collect().await {
+        Ok(n) => n,
+        Err(e) => {
+            pending.push(format!("listing: {e}"));
+            Vec::new()
+        }
+    };
+    let mut infos = Vec::new();
+    for name in names {
+        match js.get_stream(&name).await {
+            Ok(mut s) => match s.info().await {
+                Ok(info) => infos.push(info.clone()),
+                Err(_) => pending.push(format!("{name}: no info")),
+            },
+            Err(e) => pending.push(format!("{name}: {e}")),
+        }
+    }
+    (infos, pending)
+}
+
 pub const OPERATOR: &str = "mesh-operator";
 
 /// The inbox prefix `user` may subscribe under in the example config.
@@ -399,31 +429,13 @@ impl Cluster {
     /// its tag), and waits until each is led there: what a test needs so that the other
     /// servers can die with the JetStream meta group's quorum while every bucket stays served.
     pub async fn pin_streams_to(&self, i: usize) {
-        use futures::TryStreamExt;
         let js = self.bus(i).js(OPERATOR).await;
         let leader = format!("mesh-{}", self.ports[i]);
         let start = Instant::now();
         loop {
-            let mut pending = Vec::new();
-            let names: Vec<String> = match js.stream_names().try_collect().await {
-                Ok(n) => n,
-                Err(e) => {
-                    pending.push(format!("listing: {e}"));
-                    Vec::new()
-                }
-            };
-            for name in names {
-                let info = match js.get_stream(&name).await {
-                    Ok(mut s) => s.info().await.cloned(),
-                    Err(e) => {
-                        pending.push(format!("{name}: {e}"));
-                        continue;
-                    }
-                };
-                let Ok(info) = info else {
-                    pending.push(format!("{name}: no info"));
-                    continue;
-                };
+            let (infos, mut pending) = stream_infos(&js).await;
+            for info in infos {
+                let name = info.config.name.clone();
                 let placed = info.config.placement.as_ref().is_some_and(|p| p.tags == [format!("s{i}")]);
                 let here = info.cluster.as_ref().is_some_and(|c| c.leader.as_deref() == Some(leader.as_str()) && c.replicas.is_empty());
                 // Scaled down first, then moved: the server takes one at a time.
@@ -458,25 +470,13 @@ impl Cluster {
     /// another (nats-server's election timeout is seconds), and a write to it meanwhile has no
     /// responder.
     pub async fn until_every_stream_is_led(&self) -> Duration {
-        use futures::TryStreamExt;
         let js = self.any().js(OPERATOR).await;
         let start = Instant::now();
         loop {
-            let mut pending = Vec::new();
-            match js.stream_names().try_collect::<Vec<String>>().await {
-                Ok(names) => {
-                    for name in names {
-                        let led = match js.get_stream(&name).await {
-                            Ok(mut s) => s.info().await.ok().and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone())),
-                            Err(_) => None,
-                        };
-                        if led.is_none() {
-                            pending.push(name);
-                        }
-                    }
-                }
-                Err(e) => pending.push(format!("listing: {e}")),
-            }
+            let (infos, mut pending) = stream_infos(&js).await;
+            pending.extend(
+                infos.into_iter().filter(|i| i.cluster.as_ref().and_then(|c| c.leader.as_ref()).is_none()).map(|i| format!("{}: no leader", i.config.name)),
+            );
             if pending.is_empty() {
                 return start.elapsed();
             }

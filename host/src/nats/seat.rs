@@ -131,6 +131,11 @@ impl Seat {
         json!({"instance": self.instance, "run": self.run, "pid": std::process::id(), "ttl_ms": self.ttl.as_millis() as u64}).to_string().into()
     }
 
+    /// Whether `lease` is this process's own.
+    fn is_own(&self, lease: &serde_json::Value) -> bool {
+        is_own_lease(lease, &self.instance, &self.run)
+    }
+
     /// Holds the lease at `revision`, written by a request sent at `sent`; whether it is held.
     fn hold(&self, revision: u64, sent: Instant) -> bool {
         let mut lease = self.lease.locked();
@@ -159,8 +164,8 @@ impl Seat {
     }
 
     /// A renewal failed without anyone else holding the seat: said once, tried again at
-    /// [`Seat::poll`] until it succeeds or the lease runs out.
-    fn renewal_failed(&self, why: &str, until: Instant) {
+    /// [`Seat::poll`] until it succeeds or the lease runs out; whether it still holds.
+    fn renewal_failed(&self, why: &str, until: Instant) -> bool {
         crate::base::metrics::metrics().seat_renewals_failed.inc();
         let mut failing = self.failing.locked();
         if failing.is_none() {
@@ -168,6 +173,8 @@ impl Seat {
             let left = until.saturating_duration_since(Instant::now());
             tracing::warn!(instance = self.instance, ?left, "renewal failed: {why}; serving on while the lease holds, trying again");
         }
+        drop(failing);
+        self.is_held()
     }
 
     /// Whether the last renewal failed, so the next is tried soon rather than in an interval.
@@ -212,8 +219,7 @@ impl Seat {
                             self.drop_lease("the seat's bucket is gone");
                             return false;
                         }
-                        self.renewal_failed(&e.to_string(), until);
-                        self.is_held()
+                        self.renewal_failed(&e.to_string(), until)
                     }
                     Err(_) => {
                         self.drop_lease("the lease ran out while its renewal went unanswered");
@@ -240,10 +246,7 @@ impl Seat {
                 self.drop_lease(&format!("renewal refused: {why}; the key is gone"));
                 return false;
             }
-            Ok(Err(e)) => {
-                self.renewal_failed(&format!("{why}; reading the key: {e}"), until);
-                return self.is_held();
-            }
+            Ok(Err(e)) => return self.renewal_failed(&format!("{why}; reading the key: {e}"), until),
             Err(_) => {
                 self.drop_lease("the lease ran out while its renewal went unanswered");
                 return false;
@@ -251,15 +254,15 @@ impl Seat {
         };
         // A renewal whose answer was lost (its server died after storing it) moved the
         // revision under this holder's own lease: renewed over, as any other renewal.
-        let own = is_own_lease(&entry.value, &self.instance, &self.run);
-        if entry.operation != kv::Operation::Put || (is_lease(&entry.value) && !own) {
+        let lease = lease_of(&entry.value);
+        let own = lease.as_ref().is_some_and(|l| self.is_own(l));
+        if entry.operation != kv::Operation::Put || (lease.is_some() && !own) {
             self.drop_lease(&format!("renewal refused: {why}"));
             return false;
         }
         if entry.revision <= held {
             // A replica behind the leader answered the read: asked again.
-            self.renewal_failed(&format!("{why}; the key read at revision {} of {held}", entry.revision), until);
-            return self.is_held();
+            return self.renewal_failed(&format!("{why}; the key read at revision {} of {held}", entry.revision), until);
         }
         match tokio::time::timeout(left(), self.kv.update(HOLDER, self.value(), entry.revision)).await {
             Ok(Ok(rev)) if own => {
@@ -275,10 +278,7 @@ impl Seat {
                 );
                 self.hold(rev, sent)
             }
-            Ok(Err(e)) => {
-                self.renewal_failed(&format!("{why}; writing over revision {}: {e}", entry.revision), until);
-                self.is_held()
-            }
+            Ok(Err(e)) => self.renewal_failed(&format!("{why}; writing over revision {}: {e}", entry.revision), until),
             Err(_) => {
                 self.drop_lease("the lease ran out while its renewal went unanswered");
                 false
@@ -293,12 +293,8 @@ impl Seat {
         // the lease seen has not moved for a whole TTL, as for one that is still there. A
         // released lease leaves a delete marker, taken at once.
         let waiting = self.observed.locked().as_ref().is_some_and(|o| o.since.elapsed() < o.ttl);
-        if waiting {
-            match tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await {
-                Ok(Ok(None)) => return false,
-                Ok(Ok(Some(_))) => {}
-                _ => return false,
-            }
+        if waiting && !matches!(tokio::time::timeout(self.interval(), self.kv.entry(HOLDER)).await, Ok(Ok(Some(_)))) {
+            return false;
         }
         match tokio::time::timeout(self.interval(), self.kv.create(HOLDER, self.value())).await {
             Ok(Ok(rev)) => {
@@ -326,8 +322,8 @@ impl Seat {
         if entry.operation != kv::Operation::Put {
             return false;
         }
-        let lease = serde_json::from_slice::<serde_json::Value>(&entry.value).ok().filter(|_| is_lease(&entry.value));
-        let ours = is_own_lease(&entry.value, &self.instance, &self.run);
+        let lease = lease_of(&entry.value);
+        let ours = lease.as_ref().is_some_and(|l| self.is_own(l));
         let ttl = self.lease_ttl(lease.as_ref());
         let stale = {
             let mut seen = self.observed.locked();
@@ -405,14 +401,15 @@ struct Observed {
     ttl: Duration,
 }
 
-/// Whether `value` is a lease as a holder writes it: JSON naming an instance and its TTL.
-fn is_lease(value: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
+/// `value` read as a lease as a holder writes it (JSON naming an instance and its TTL), if it
+/// is one.
+fn lease_of(value: &[u8]) -> Option<serde_json::Value> {
+    serde_json::from_slice::<serde_json::Value>(value).ok().filter(|v| v["instance"].is_string() && v["ttl_ms"].is_u64())
 }
 
-/// Whether `value` is a lease written by this process: `instance` in its run `run`.
-fn is_own_lease(value: &[u8], instance: &str, run: &str) -> bool {
-    is_lease(value) && serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["instance"] == instance && v["run"] == run)
+/// Whether `lease` was written by `instance` in its process's run `run`.
+fn is_own_lease(lease: &serde_json::Value, instance: &str, run: &str) -> bool {
+    lease["instance"] == instance && lease["run"] == run
 }
 
 /// The seat bucket: one value kept, expired after the TTL.
@@ -428,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_what_a_holder_writes_and_nothing_else() {
-        assert!(is_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#));
+        assert!(lease_of(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#).is_some());
         for not in [
             &br#"{"type":"io.nats.jetstream.api.v1.account_info_response","memory":0}"#[..],
             b"",
@@ -436,17 +433,18 @@ mod tests {
             br#"{"instance":"h-1"}"#,
             br#"{"instance":7,"ttl_ms":1}"#,
         ] {
-            assert!(!is_lease(not), "{}", String::from_utf8_lossy(not));
+            assert!(lease_of(not).is_none(), "{}", String::from_utf8_lossy(not));
         }
     }
 
     #[test]
     fn an_own_lease_names_this_instance_and_this_run() {
+        let own = |value: &[u8], instance, run| lease_of(value).is_some_and(|l| is_own_lease(&l, instance, run));
         let lease = br#"{"instance":"h-1","run":"r1","pid":7,"ttl_ms":10000}"#;
-        assert!(is_own_lease(lease, "h-1", "r1"));
-        assert!(!is_own_lease(lease, "h-2", "r1"));
-        assert!(!is_own_lease(lease, "h-1", "r2"), "another process given the same instance name");
-        assert!(!is_own_lease(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#, "h-1", "r1"), "no run: an older holder's");
-        assert!(!is_own_lease(br#"{"instance":"h-1","run":"r1"}"#, "h-1", "r1"), "no TTL: no lease");
+        assert!(own(lease, "h-1", "r1"));
+        assert!(!own(lease, "h-2", "r1"));
+        assert!(!own(lease, "h-1", "r2"), "another process given the same instance name");
+        assert!(!own(br#"{"instance":"h-1","pid":7,"ttl_ms":10000}"#, "h-1", "r1"), "no run: an older holder's");
+        assert!(!own(br#"{"instance":"h-1","run":"r1"}"#, "h-1", "r1"), "no TTL: no lease");
     }
 }

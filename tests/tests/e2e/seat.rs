@@ -87,21 +87,13 @@ async fn until_answering(c: &Client, limit: Duration) -> Duration {
     start.elapsed()
 }
 
-/// The seat's holder and the lease's revision.
-async fn lease(bus: &Bus) -> Option<(String, u64)> {
-    let kv = bus.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-    let entry = kv.entry("holder").await.ok()??;
-    let v: Value = serde_json::from_slice(&entry.value).ok()?;
-    Some((v["instance"].as_str()?.to_string(), entry.revision))
-}
-
 /// Waits (bounded) until one holder has renewed its lease twice in a row.
 async fn until_renewed_twice(bus: &Bus) {
     let start = Instant::now();
-    let mut first = lease(bus).await;
+    let mut first = bus.seat_lease().await;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = lease(bus).await;
+        let now = bus.seat_lease().await;
         match (&first, &now) {
             (Some((a, r0)), Some((b, r))) if a == b && *r >= r0 + 2 => return,
             (Some((a, _)), Some((b, _))) if a == b => {}
@@ -275,7 +267,7 @@ async fn a_lease_gone_from_the_bus_is_not_taken_by_a_standby_before_the_holder_f
     js.get_stream("KV_mesh-provisioner_seat").await.unwrap().purge().await.unwrap();
     log_shows(&holder, "the key is gone").await;
     until_renewed_twice(&bus).await;
-    assert_eq!(lease(&bus).await.map(|(h, _)| h).as_deref(), Some("holder"));
+    assert_eq!(bus.seat_holder().await.as_deref(), Some("holder"));
     assert!(!standby.log_text().contains("took the seat"), "{}", standby.log_text());
     assert_eq!(pingers(&c).await, vec!["holder".to_string()]);
     for h in [holder, standby] {
@@ -399,11 +391,11 @@ async fn a_holder_keeps_the_seat_while_the_server_leading_its_lease_dies() {
     let c = cluster.bus(0).client("node-alpha").await;
     until_answering(&c, Duration::from_secs(60)).await;
     let js = cluster.bus(0).js(tests::nats::OPERATOR).await;
-    let (holder, revision) = lease(cluster.bus(0)).await.expect("a lease");
+    let (holder, revision) = cluster.bus(0).seat_lease().await.expect("a lease");
     // Just after a renewal, wait until 1.5 s before the next one, then kill the server leading
     // the seat's stream: that renewal meets a stream with no leader.
     let start = Instant::now();
-    while lease(cluster.bus(0)).await.map(|(_, r)| r) == Some(revision) {
+    while cluster.bus(0).seat_lease().await.map(|(_, r)| r) == Some(revision) {
         assert!(start.elapsed() < Duration::from_secs(20), "the lease was not renewed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -425,7 +417,7 @@ async fn a_holder_keeps_the_seat_while_the_server_leading_its_lease_dies() {
     let log = host.log_text();
     assert!(log.contains("renewal failed"), "the renewal never met the leaderless stream:\n{log}");
     assert!(!log.contains("lost the seat"), "the seat was given up:\n{log}");
-    assert_eq!(lease(cluster.any()).await.map(|(h, _)| h), Some(holder));
+    assert_eq!(cluster.any().seat_holder().await, Some(holder));
     // Said to the operator: the failed renewals counted, the seat taken once and never lost.
     let http = host.http_url().await;
     assert!(tests::bench::metric(&format!("{http}/metrics"), "mesh_provisioner_seat_renewals_failed_total ").await >= 1.0);
