@@ -123,7 +123,7 @@ impl api::Guest for Component {
         if let Some(body) = crate::fixture::on_request(&request) {
             return api::Reply { code: api::ReplyCode::Ok, body, revision: None };
         }
-        let r = crate::verb::handle(&Imports, &verb, &request, max_reply);
+        let r = crate::allocator::call(|| crate::verb::handle(&Imports, &verb, &request, max_reply));
         let code = match r.code {
             crate::verb::Code::Ok => api::ReplyCode::Ok,
             crate::verb::Code::BadRequest => api::ReplyCode::BadRequest,

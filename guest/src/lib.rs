@@ -5,10 +5,15 @@
 //! natively too; `bindings` (wasm only) is the thin layer that ties `Env` to the WIT imports and
 //! the WIT exports to these functions. This crate does no I/O and holds no connection (of NATS
 //! it knows only the subject syntax keys and filters are written in): it reads and writes only
-//! through `Env`. It has no `unsafe`: only the generated bindings, which
-//! the native build (tests, fuzzing) never compiles, may use it.
+//! through `Env`. It has no `unsafe`: only the generated bindings and the allocator (a bump
+//! arena before the system allocator during a verb call), which the native build (tests,
+//! fuzzing) never compiles, may use it.
 #![deny(unsafe_code)]
 
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod allocator;
+pub mod arena;
 pub mod causes;
 pub mod checks;
 pub mod env;

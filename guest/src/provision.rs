@@ -302,6 +302,11 @@ fn pieces(shape: &'static str) -> Vec<Piece> {
     out
 }
 
+/// Builds the domains' shapes now, if not yet (they are kept for the instance's life).
+pub fn prepare() {
+    let _ = shapes(0);
+}
+
 /// The shapes of the bucket domain at `at` in the table (`None`: a verb).
 fn shapes(at: usize) -> Option<&'static Shapes> {
     static SHAPES: std::sync::OnceLock<Vec<Option<Shapes>>> = std::sync::OnceLock::new();

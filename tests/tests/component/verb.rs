@@ -511,3 +511,65 @@ async fn an_instance_whose_heap_grew_past_keep_below_is_let_go_and_one_that_did_
     assert_eq!(guest.handle(b.clone(), Limits::default(), "mesh-provisioner.provisioning", small, 1 << 20).await.unwrap().code, ReplyCode::Ok);
     assert_eq!(runtime.budget().used(), base);
 }
+
+#[tokio::test]
+async fn an_instance_reused_for_every_request_answers_each_as_a_fresh_one_does() {
+    // What one call leaves in an instance (its heap, the allocator's arena) must never show in
+    // the next: every kind of request, on one instance and then each on a fresh one, in turns.
+    use mesh_provisioner::runtime::{EngineOptions, Limits, Runtime};
+    let bytes = std::fs::read(tests::component_path()).unwrap();
+    let b = mesh();
+    let big = format!("{{\"blob\":\"{}\"}}", "x".repeat(3000));
+    for i in 0..400 {
+        b.put(NEEDS, &format!("gamma.m{:02}.config.v{i:03}", i % 7), big.as_bytes());
+    }
+    let requests: Vec<(&str, Vec<u8>)> = vec![
+        ("mesh-provisioner.provisioning", br#"{"what":"needs","node":"alpha","module":"app"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"needs","node":"gamma"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"needs","limit":3,"after":"alpha.app.secret.db_password"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"applied","node":"alpha"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"collect"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"registry"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"registry","kind":"secret"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"status","node":"alpha"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"holders","kind":"bound","name":"postgres.db"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"needs","node":"alpha.>"}"#.to_vec()),
+        ("mesh-provisioner.provisioning", b"{not json".to_vec()),
+        ("mesh-provisioner.provisioning", br#"{"what":"nonsense"}"#.to_vec()),
+        ("mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#.to_vec()),
+    ];
+    let answers = |reuse: u32| {
+        let runtime = Runtime::with_options(EngineOptions { reply_cache: false, reuse, ..Default::default() }).unwrap();
+        let guest = runtime.load(&bytes, None).unwrap();
+        let (b, requests) = (b.clone(), requests.clone());
+        async move {
+            let mut all = Vec::new();
+            // Forward, backward, forward: each request after a different one.
+            for order in [false, true, false] {
+                let mut round = Vec::new();
+                let mut at: Vec<usize> = (0..requests.len()).collect();
+                if order {
+                    at.reverse();
+                }
+                for i in at {
+                    let (verb, body) = &requests[i];
+                    let r = guest.handle(b.clone() as Arc<dyn Backend>, Limits::default(), verb, body, 1 << 20).await.expect("the guest answers");
+                    round.push((i, r.code, r.body));
+                }
+                round.sort_by_key(|a| a.0);
+                all.push(round);
+            }
+            all
+        }
+    };
+    let fresh = answers(1).await;
+    let reused = answers(4096).await;
+    let large = fresh[0].iter().filter(|(_, _, body)| body.len() > 512 << 10).count();
+    assert!(large > 0, "one answer is past the allocator's arena");
+    for (round, (f, r)) in fresh.iter().zip(&reused).enumerate() {
+        for ((i, fc, fb), (_, rc, rb)) in f.iter().zip(r) {
+            assert_eq!((fc, fb), (rc, rb), "round {round}, request {}: a reused instance answered otherwise", String::from_utf8_lossy(&requests[*i].1));
+        }
+        assert_eq!(f, &fresh[0], "round {round}: a fresh instance answers the same each time");
+    }
+}
