@@ -1,9 +1,10 @@
 //! The component's global allocator: the system allocator (wasi-libc's dlmalloc), with a bump
-//! arena ([`crate::arena::Bump`]) in front of it during a verb call ([`call`]).
+//! arena ([`crate::arena::Bump`]) in front of it during an export's call ([`call`]: the verbs,
+//! plans, notices and state records).
 //!
 //! During a call every allocation that fits is taken from one region reserved once, and giving
 //! one back is free; the region starts again at the next call, by which time the host has read
-//! the last reply and run its post-return (which frees the reply into the arena: nothing).
+//! the last result and run its post-return (which frees the result into the arena: nothing).
 //! Outside a call, and for what does not fit, the system allocator serves, and what it handed
 //! out it takes back whenever it is freed, whoever frees it. So nothing taken during a call may
 //! outlive it: the registry's table and the domains' shapes (the only statics) are built before

@@ -142,7 +142,7 @@ impl api::Guest for Component {
     fn refresh(changes: Vec<api::Change>) -> Result<api::RefreshReport, types::HostError> {
         crate::fixture::at_refresh();
         let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
-        let r = crate::refresh::refresh(&Imports, &changes).map_err(wit_error)?;
+        let r = crate::allocator::call(|| crate::refresh::refresh(&Imports, &changes)).map_err(wit_error)?;
         let change = |(bucket, key)| api::Change { bucket, key };
         let (rest, retry) = (r.rest.into_iter().map(change).collect(), r.retry.into_iter().map(change).collect());
         Ok(api::RefreshReport { computed: r.computed, kept: r.kept, held: r.held, waiting: r.waiting, rest, retry })
@@ -156,7 +156,7 @@ impl api::Guest for Component {
         use crate::holders::HolderEvent;
         let events: Vec<HolderEvent> =
             events.into_iter().map(|e| HolderEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect();
-        let (notices, rest) = crate::holders::notify(&Imports, &events).map_err(wit_error)?;
+        let (notices, rest) = crate::allocator::call(|| crate::holders::notify(&Imports, &events)).map_err(wit_error)?;
         Ok(api::NoticeReport {
             notices: notices.into_iter().map(|n| api::Notice { node: n.node, body: n.body }).collect(),
             rest: rest.into_iter().map(|e| api::ValueEvent { bucket: e.bucket, key: e.key, revision: e.revision, deleted: e.deleted }).collect(),
@@ -169,7 +169,7 @@ impl api::Guest for Component {
 
     fn transitions(changes: Vec<api::Change>, now: String) -> Result<api::TransitionReport, types::HostError> {
         let changes: Vec<(String, Option<String>)> = changes.into_iter().map(|c| (c.bucket, c.key)).collect();
-        let r = crate::transitions::transitions(&Imports, &changes, &now).map_err(wit_error)?;
+        let r = crate::allocator::call(|| crate::transitions::transitions(&Imports, &changes, &now)).map_err(wit_error)?;
         Ok(api::TransitionReport {
             computed: r.computed,
             transitions: r

@@ -513,10 +513,11 @@ async fn an_instance_whose_heap_grew_past_keep_below_is_let_go_and_one_that_did_
 }
 
 #[tokio::test]
-async fn an_instance_reused_for_every_request_answers_each_as_a_fresh_one_does() {
+async fn an_instance_reused_for_every_call_answers_each_as_a_fresh_one_does() {
     // What one call leaves in an instance (its heap, the allocator's arena) must never show in
-    // the next: every kind of request, on one instance and then each on a fresh one, in turns.
-    use mesh_provisioner::runtime::{EngineOptions, Limits, Runtime};
+    // the next: every kind of request, and the state records between them, on one instance and
+    // then each on a fresh one, in turns.
+    use mesh_provisioner::runtime::{Change, EngineOptions, Limits, Runtime};
     let bytes = std::fs::read(tests::component_path()).unwrap();
     let b = mesh();
     let big = format!("{{\"blob\":\"{}\"}}", "x".repeat(3000));
@@ -538,10 +539,14 @@ async fn an_instance_reused_for_every_request_answers_each_as_a_fresh_one_does()
         ("mesh-provisioner.provisioning", br#"{"what":"nonsense"}"#.to_vec()),
         ("mesh-provisioner.plan", br#"{"node":"alpha","module":"app"}"#.to_vec()),
     ];
+    let moved: Vec<Change> = ["alpha.app.config.db=2Eurl", "beta.app.dir.state", "gamma.m03.config.v003", "gamma.m05.config.v005"]
+        .into_iter()
+        .map(|key| Change { bucket: NEEDS.into(), key: Some(key.into()) })
+        .collect();
     let answers = |reuse: u32| {
         let runtime = Runtime::with_options(EngineOptions { reply_cache: false, reuse, ..Default::default() }).unwrap();
         let guest = runtime.load(&bytes, None).unwrap();
-        let (b, requests) = (b.clone(), requests.clone());
+        let (b, requests, moved) = (b.clone(), requests.clone(), moved.clone());
         async move {
             let mut all = Vec::new();
             // Forward, backward, forward: each request after a different one.
@@ -554,7 +559,15 @@ async fn an_instance_reused_for_every_request_answers_each_as_a_fresh_one_does()
                 for i in at {
                     let (verb, body) = &requests[i];
                     let r = guest.handle(b.clone() as Arc<dyn Backend>, Limits::default(), verb, body, 1 << 20).await.expect("the guest answers");
-                    round.push((i, r.code, r.body));
+                    let records = guest.transitions(b.clone() as Arc<dyn Backend>, Limits::default(), &moved, "2026-12-07T12:00:00Z").await;
+                    let records = records.expect("the guest runs").expect("the records");
+                    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                    let records: Vec<String> = records
+                        .transitions
+                        .iter()
+                        .map(|t| format!("{} {} {} {}", t.key, t.state, text(&t.value), text(t.event.as_deref().unwrap_or_default())))
+                        .collect();
+                    round.push((i, r.code, r.body, records));
                 }
                 round.sort_by_key(|a| a.0);
                 all.push(round);
@@ -564,11 +577,14 @@ async fn an_instance_reused_for_every_request_answers_each_as_a_fresh_one_does()
     };
     let fresh = answers(1).await;
     let reused = answers(4096).await;
-    let large = fresh[0].iter().filter(|(_, _, body)| body.len() > 512 << 10).count();
+    let large = fresh[0].iter().filter(|(_, _, body, _)| body.len() > 512 << 10).count();
     assert!(large > 0, "one answer is past the allocator's arena");
+    assert_eq!(fresh[0][0].3.len(), 4, "a record for each module moved: {:?}", fresh[0][0].3);
     for (round, (f, r)) in fresh.iter().zip(&reused).enumerate() {
-        for ((i, fc, fb), (_, rc, rb)) in f.iter().zip(r) {
-            assert_eq!((fc, fb), (rc, rb), "round {round}, request {}: a reused instance answered otherwise", String::from_utf8_lossy(&requests[*i].1));
+        for ((i, fc, fb, fs), (_, rc, rb, rs)) in f.iter().zip(r) {
+            let request = String::from_utf8_lossy(&requests[*i].1);
+            assert_eq!((fc, fb), (rc, rb), "round {round}, request {request}: a reused instance answered otherwise");
+            assert_eq!(fs, rs, "round {round}, after request {request}: a reused instance recorded otherwise");
         }
         assert_eq!(f, &fresh[0], "round {round}: a fresh instance answers the same each time");
     }
