@@ -113,8 +113,9 @@ impl Default for EngineOptions {
         // Measured (`cargo bench -p tests --bench component`): a call on a fresh instance
         // ~158 µs, on a kept one ~24 µs; at 64 calls an instance, its making and dropping were
         // ~2.5 µs of every call's mean (27.4 µs against 25.0 at 4096). The guest keeps no state
-        // between calls, and its heap is capped by `keep_below` (a kept instance holds ~1 MiB):
-        // the count only bounds how long any one instance lives.
+        // between calls, and its heap is capped by `keep_below` (a kept instance holds under
+        // 2 MiB, its allocator's arena included): the count only bounds how long any one
+        // instance lives.
         EngineOptions { pooling: false, reuse: 4096, keep_below: 16 << 20, reply_cache: true, memory_total: 1 << 30, waiters: 32 }
     }
 }
