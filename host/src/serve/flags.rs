@@ -68,8 +68,8 @@ pub struct Serve {
     /// Wall time one guest call may take.
     #[arg(long, env = "MESH_PROVISIONER_GUEST_DEADLINE", default_value = "2s", value_parser = parse_duration)]
     pub guest_deadline: Duration,
-    /// Memory one guest call may use, in MiB.
-    #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// Memory one guest call may use, in MiB (at least 2: an instance alone takes more than one).
+    #[arg(long, env = "MESH_PROVISIONER_GUEST_MEMORY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
     pub guest_memory: u32,
     /// Memory all guest instances together may hold (kept for reuse and in flight), in MiB: a
     /// call whose guest would grow past it is stopped with a `500`, the others go on. At least

@@ -129,6 +129,15 @@ async fn answers_only_its_own_names_closes_slow_clients_and_caps_connections() {
         .expect("runs");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("--guest-memory-total (32 MiB) must hold at least one call's --guest-memory (64 MiB)"), "{said}");
+    // So is a call's memory smaller than an instance, named by its flag before anything starts.
+    let out = tokio::process::Command::new(tests::nats::host_binary())
+        .args(["serve", "--guest-memory", "1", "--component"])
+        .arg(tests::component_path())
+        .output()
+        .await
+        .expect("runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("--guest-memory") && said.contains("1 is not in 2..=4096"), "{said}");
 }
 
 /// One GET as a browser on this machine would send it: the status code and the body.
