@@ -93,9 +93,13 @@ unsafe impl GlobalAlloc for Allocator {
 /// Runs `f` (one export's call) with the arena in front of the system allocator, starting the
 /// region again: whatever the previous call took there is free.
 pub fn call<R>(f: impl FnOnce() -> R) -> R {
-    // The statics, built on the system allocator before the arena is entered.
-    let _ = crate::registry::table();
-    crate::provision::prepare();
+    // SAFETY (here and below): one thread, and the reference ends before anything allocates.
+    if unsafe { (*ALLOCATOR.0.get()).base } == 0 {
+        // The instance's first call: its statics, built on the system allocator before the
+        // arena is ever entered.
+        let _ = crate::registry::table();
+        crate::provision::prepare();
+    }
     {
         let state = unsafe { &mut *ALLOCATOR.0.get() };
         if state.base == 0 {

@@ -201,7 +201,6 @@ impl Bus {
     }
 }
 
-/// The user that makes streams in the example config.
 /// The info of every stream of the account `js` is in, and each that could not be read, said.
 async fn stream_infos(js: &jetstream::Context) -> (Vec<jetstream::stream::Info>, Vec<String>) {
     use futures::TryStreamExt;
@@ -226,6 +225,7 @@ async fn stream_infos(js: &jetstream::Context) -> (Vec<jetstream::stream::Info>,
     (infos, pending)
 }
 
+/// The user that makes streams in the example config.
 pub const OPERATOR: &str = "mesh-operator";
 
 /// The inbox prefix `user` may subscribe under in the example config.

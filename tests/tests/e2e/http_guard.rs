@@ -120,24 +120,25 @@ async fn answers_only_its_own_names_closes_slow_clients_and_caps_connections() {
     }
     host.stop().await;
 
+    // What `serve` says when it refuses to start with `flags`.
+    let refused = |flags: &'static [&'static str]| async move {
+        let out = tokio::process::Command::new(tests::nats::host_binary())
+            .arg("serve")
+            .args(flags)
+            .arg("--component")
+            .arg(tests::component_path())
+            .output()
+            .await
+            .expect("runs");
+        assert!(!out.status.success(), "serve {flags:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     // A budget that cannot hold one call is refused at start.
-    let out = tokio::process::Command::new(tests::nats::host_binary())
-        .args(["serve", "--guest-memory", "64", "--guest-memory-total", "32", "--component"])
-        .arg(tests::component_path())
-        .output()
-        .await
-        .expect("runs");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("--guest-memory-total (32 MiB) must hold at least one call's --guest-memory (64 MiB)"), "{said}");
+    let said = refused(&["--guest-memory", "64", "--guest-memory-total", "32"]).await;
+    assert!(said.contains("--guest-memory-total (32 MiB) must hold at least one call's --guest-memory (64 MiB)"), "{said}");
     // So is a call's memory smaller than an instance, named by its flag before anything starts.
-    let out = tokio::process::Command::new(tests::nats::host_binary())
-        .args(["serve", "--guest-memory", "1", "--component"])
-        .arg(tests::component_path())
-        .output()
-        .await
-        .expect("runs");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("--guest-memory") && said.contains("1 is not in 2..=4096"), "{said}");
+    let said = refused(&["--guest-memory", "1"]).await;
+    assert!(said.contains("--guest-memory") && said.contains("1 is not in 2..=4096"), "{said}");
 }
 
 /// One GET as a browser on this machine would send it: the status code and the body.
