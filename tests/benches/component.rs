@@ -4,7 +4,8 @@
 //! `cargo bench -p tests --bench component` (after `cargo build -p guest --target wasm32-wasip2 --release`);
 //! `BENCH_ONLY=<words>` runs only the variants whose name holds them (for `perf record`), and
 //! `BENCH_CALLS=<n>` sets the calls a variant (3000); `BENCH_ONLY=cold` times the query on caches
-//! another process would leave (`BENCH_EVICT_MB` written between calls, 8 by default).
+//! another process would leave (`BENCH_EVICT_MB` written between calls, 8 by default) and after
+//! the thread slept 100 µs (the core idle or lent meanwhile, as between one-at-a-time requests).
 
 use std::time::{Duration, Instant};
 
@@ -131,6 +132,33 @@ fn main() {
         };
         let warm = median((0..n).map(|_| ask(false)).collect());
         let cold = median((0..n).map(|_| ask(true)).collect());
+        // As a request finds it after the thread slept in between (the core idle or running
+        // another process meanwhile), with nothing written.
+        let idle = median(
+            (0..n)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_micros(100));
+                    ask(false)
+                })
+                .collect(),
+        );
+        let native_idle = median(
+            (0..n)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_micros(100));
+                    let t = Instant::now();
+                    std::hint::black_box(guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20));
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        println!(
+            "the query, 10 entries, after the thread slept 100 µs {:>6.1} µs = {:.2}× back to back; natively {:.1} µs = {:.2}× its back to back",
+            idle.as_secs_f64() * 1e6,
+            idle.as_secs_f64() / warm.as_secs_f64(),
+            native_idle.as_secs_f64() * 1e6,
+            native_idle.as_secs_f64() / native_p50.as_secs_f64()
+        );
         // The same logic natively, after the same writes: what of the cold cost is the logic's.
         let native_cold = median(
             (0..n)

@@ -785,13 +785,13 @@ impl Mirror {
         }
         let limit = limit.min(MAX_SCAN) as usize;
         let pattern: Vec<&str> = filter.split('.').collect();
-        let prefix = literal_prefix(&pattern);
+        let prefix = literal_prefix(filter);
         if prefix.is_empty() {
             if let Some((slot, token)) = index_for(&pattern) {
                 return self.scan_by_token(&pattern, slot, token, after, limit);
             }
         }
-        Ok(self.walk(&pattern, &prefix, after, limit))
+        Ok(self.walk(&pattern, prefix, after, limit))
     }
 
     /// A scan of a filter that starts with a wildcard, from the index of the filter's literal
@@ -943,18 +943,15 @@ impl Page {
 const PAGE_ROOM: usize = 16;
 
 /// The tokens before the first wildcard, with their trailing dot: every match starts with it.
-fn literal_prefix(pattern: &[&str]) -> String {
-    let mut prefix = String::new();
-    for (i, t) in pattern.iter().enumerate() {
-        if *t == "*" || *t == ">" {
-            return prefix;
+fn literal_prefix(filter: &str) -> &str {
+    let mut at = 0;
+    for t in filter.split('.') {
+        if t == "*" || t == ">" {
+            return &filter[..at];
         }
-        prefix.push_str(t);
-        if i + 1 < pattern.len() {
-            prefix.push('.');
-        }
+        at += t.len() + 1;
     }
-    prefix
+    filter
 }
 
 #[cfg(test)]
@@ -982,6 +979,24 @@ mod tests {
             m.put(k, i as u64 + 1, k.as_bytes());
         }
         m
+    }
+
+    #[test]
+    fn the_literal_prefix_is_the_filter_up_to_its_first_wildcard() {
+        // The tokens before the first wildcard, each with the dot that follows it (the plain way).
+        let joined = |filter: &str| {
+            let tokens: Vec<&str> = filter.split('.').collect();
+            let literal = tokens.iter().take_while(|t| **t != "*" && **t != ">").count();
+            let mut prefix = tokens[..literal].join(".");
+            if literal > 0 && literal < tokens.len() {
+                prefix.push('.');
+            }
+            prefix
+        };
+        for filter in [">", "*", "a", "a.b", "a.>", "a.*", "*.b", "a.*.c", "alpha.m000420.>", "a.b.c.*.>", "=2A.b.>", "ab.*.>"] {
+            assert_eq!(literal_prefix(filter), joined(filter), "{filter}");
+        }
+        assert_eq!(literal_prefix("alpha.m000420.>"), "alpha.m000420.");
     }
 
     fn keys(p: &Page) -> Vec<String> {
