@@ -142,16 +142,20 @@ fn main() {
                 })
                 .collect(),
         );
-        let native_idle = median(
-            (0..n)
-                .map(|_| {
-                    std::thread::sleep(Duration::from_micros(100));
-                    let t = Instant::now();
-                    std::hint::black_box(guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20));
-                    t.elapsed()
-                })
-                .collect(),
-        );
+        // The same logic natively, each call after `before`: what of the cost is the logic's.
+        let native_after = |before: &mut dyn FnMut()| {
+            median(
+                (0..n)
+                    .map(|_| {
+                        before();
+                        let t = Instant::now();
+                        std::hint::black_box(guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20));
+                        t.elapsed()
+                    })
+                    .collect(),
+            )
+        };
+        let native_idle = native_after(&mut || std::thread::sleep(Duration::from_micros(100)));
         println!(
             "the query, 10 entries, after the thread slept 100 µs {:>6.1} µs = {:.2}× back to back; natively {:.1} µs = {:.2}× its back to back",
             idle.as_secs_f64() * 1e6,
@@ -159,17 +163,7 @@ fn main() {
             native_idle.as_secs_f64() * 1e6,
             native_idle.as_secs_f64() / native_p50.as_secs_f64()
         );
-        // The same logic natively, after the same writes: what of the cold cost is the logic's.
-        let native_cold = median(
-            (0..n)
-                .map(|_| {
-                    elsewhere();
-                    let t = Instant::now();
-                    std::hint::black_box(guest::verb::handle(&native, "mesh-provisioner.provisioning", QUERY, 1 << 20));
-                    t.elapsed()
-                })
-                .collect(),
-        );
+        let native_cold = native_after(&mut elsewhere);
         println!(
             "the query, 10 entries, after {evict} MiB written elsewhere {:>6.1} µs = {:.2}× back to back ({:.1} µs); natively {:.1} µs = {:.2}× its back to back",
             cold.as_secs_f64() * 1e6,

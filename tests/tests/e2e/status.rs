@@ -176,6 +176,15 @@ async fn a_bucket_the_bus_cannot_list_now_is_an_unknown_check() {
     let bus = cluster.bus(0);
     // A config value, whose bucket nobody has made.
     bus.put("node-alpha", NEEDS, "alpha.app.config.db_url", b"{}").await;
+    // The write reaches the bucket through alpha's share, whose source the move above made the
+    // bus set up again, on nats-server's backoff (up to 2 minutes between tries): the bucket
+    // holds it before the host is asked (once, under the suite's load, not within 30 s).
+    let kv = bus.js("mesh-provisioner").await.get_key_value(NEEDS).await.expect("the needs bucket");
+    let sourced = Instant::now();
+    while !matches!(kv.get("alpha.app.config.db_url").await, Ok(Some(_))) {
+        assert!(sourced.elapsed() < Duration::from_secs(240), "the needs bucket never sourced alpha's write");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut host = Host::spawn(bus.url(), &cluster, tempfile::tempdir().unwrap(), &tests::component_path(), &args);
     host.wait_answering(&c).await;
     let reason = |s: &Value| s["needs"].as_array().and_then(|n| n.iter().find(|n| n["kind"] == "config")).map(|n| n["reason"].to_string()).unwrap_or_default();
