@@ -1,6 +1,6 @@
 //! The bookkeeping of a bump arena: where the next allocation of a call goes in a region the
 //! allocator reserved once, and what giving one back does. Plain offsets, no pointers and no
-//! `unsafe`: the allocator that uses it (`bindings::allocator`, wasm only) does the rest.
+//! `unsafe`: the allocator that uses it (`allocator.rs`, wasm only) does the rest.
 //!
 //! Why: a verb call allocates and frees hundreds of small buffers, each a walk through the
 //! general allocator's bins, on lines a call that ran a request ago no longer has in cache.

@@ -6,7 +6,7 @@
 //! the WIT exports to these functions. This crate does no I/O and holds no connection (of NATS
 //! it knows only the subject syntax keys and filters are written in): it reads and writes only
 //! through `Env`. It has no `unsafe`: only the generated bindings and the allocator (a bump
-//! arena before the system allocator during a verb call), which the native build (tests,
+//! arena before the system allocator during an export's call), which the native build (tests,
 //! fuzzing) never compiles, may use it.
 #![deny(unsafe_code)]
 
