@@ -23,7 +23,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use mesh_provisioner::accounts::{operator, Mesh};
 use mesh_provisioner::nats::bucket::{BucketLimits as Limits, Share, Spec, SHARED_BUCKETS};
-use mesh_provisioner::nats::embedded::{free_port, Access, Server};
+use mesh_provisioner::nats::embedded::{free_ports, Access, Server};
 use tests::bench::{latencies, pct, us};
 use tests::nats::Host;
 
@@ -81,7 +81,8 @@ fn filled(dir: &Path, sub: &Path, port: u16, cluster: &str) -> String {
 /// Starts `servers` servers (a cluster if more than one) of the accounts rendered in `dir`:
 /// the time until every one listens and a node's user logs in, and each one's memory then.
 async fn start(dir: &Path, signed: &operator::Signed, servers: usize, node_user: &str) -> (Duration, Vec<f64>, Vec<Server>) {
-    let ports: Vec<(u16, u16)> = (0..servers).map(|_| (free_port().expect("port"), free_port().expect("port"))).collect();
+    let picked = free_ports(2 * servers).expect("free ports");
+    let ports: Vec<(u16, u16)> = (0..servers).map(|i| (picked[i], picked[servers + i])).collect();
     let t = Instant::now();
     let mut running = Vec::new();
     for (i, (port, cport)) in ports.iter().enumerate() {

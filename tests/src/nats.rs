@@ -376,8 +376,9 @@ impl Cluster {
     /// [`Cluster::leaf_ports`]; a node's leaf server logs in as the node's user). The leaf
     /// ports are not advertised, so a leaf stays on the link it was given.
     pub async fn start_hub(n: usize, leaf_nodes: bool) -> Cluster {
-        let ports: Vec<(u16, u16)> =
-            (0..n).map(|_| (mesh_provisioner::nats::embedded::free_port().unwrap(), mesh_provisioner::nats::embedded::free_port().unwrap())).collect();
+        // Every port of the cluster picked at once, so no two are the same.
+        let picked = mesh_provisioner::nats::embedded::free_ports(3 * n).expect("free ports");
+        let ports: Vec<(u16, u16)> = (0..n).map(|i| (picked[i], picked[n + i])).collect();
         let passwords: Vec<(String, String)> =
             mesh_provisioner::nats::embedded::users().into_iter().map(|(_, u)| (u, mesh_provisioner::base::random::random_password().unwrap())).collect();
         let _heavy = crate::heavy().await;
@@ -388,7 +389,7 @@ impl Cluster {
             let mut block =
                 format!("server_tags: [\"s{i}\"]\ncluster {{\n  name: \"mesh\"\n  listen: \"127.0.0.1:{cport}\"\n  routes: [{}]\n}}", routes.join(", "));
             if leaf_nodes {
-                let lport = mesh_provisioner::nats::embedded::free_port().unwrap();
+                let lport = picked[2 * n + i];
                 block.push_str(&format!("\nleafnodes {{\n  listen: \"127.0.0.1:{lport}\"\n  no_advertise: true\n}}"));
                 cluster.leaf_ports.push(lport);
             }

@@ -92,8 +92,18 @@ pub fn render(port: u16, store_dir: &Path, passwords: &[(String, String)], clust
 
 /// A free loopback port, as the OS hands one out.
 pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::new(ErrorKind::Config, format!("no free port: {e}")))?;
-    l.local_addr().map(|a| a.port()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+    Ok(free_ports(1)?[0])
+}
+
+/// `n` distinct free loopback ports. Every listener is held until all are picked: ports
+/// picked one after another may repeat once the first is let go, and a server told to listen
+/// twice on one port (clients and routes) cannot start however often it is tried.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| Error::new(ErrorKind::Config, format!("no free port: {e}")))?;
+    held.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))).collect()
 }
 
 /// A running `nats-server`, stopped when dropped.
@@ -251,6 +261,14 @@ mod tests {
             SERVER_CONF == rendered,
             "deploy/nats-server.conf is not what `mesh-provisioner accounts --nodes alpha,beta,gamma --providers postgres --out deploy` writes: run that"
         );
+    }
+
+    #[test]
+    fn ports_picked_together_are_all_different() {
+        let ports = free_ports(512).expect("free ports");
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port handed out twice among {ports:?}");
+        assert!(!ports.contains(&0), "port 0 is not a port a server can be told");
     }
 
     #[test]
