@@ -151,9 +151,23 @@ async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_k
     // longer sourced. Its keys stay, and its modules' status names them orphaned.
     let out = render(&bus, "alpha,beta,gamma", &["--push", bus.url()]).await;
     assert!(out.status.success() && said(&out).contains("(1 retired)"), "{}", said(&out));
+    // Its status asked just before, so a reply kept over the old sources is there to go stale.
+    for _ in 0..2 {
+        let s = tests::nats::module_status(&alpha, "delta", "app").await;
+        assert!(!s["warnings"].to_string().contains("left the mesh"), "delta has not left yet: {s}");
+    }
     let out = bootstrap(&bus, &operator, &["--retire-node", "delta"]).await;
     assert!(out.status.success() && said(&out).contains("no longer sources NODE_delta"), "{}", said(&out));
-    let s = status_until(&alpha, "delta", "app", "its keys orphaned", |s| s["warnings"].to_string().contains("left the mesh")).await;
+    // The audit (every 2 s) reads the bucket's new sources; the host's log says why, if not.
+    let start = Instant::now();
+    let s = loop {
+        let s = tests::nats::module_status(&alpha, "delta", "app").await;
+        if s["warnings"].to_string().contains("left the mesh") {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "delta/app never showed its keys orphaned: {s}\nthe host's log:\n{}", host.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(s["warnings"].to_string().contains("mesh-provisioner_needs no longer sources its share"), "{s}");
     let s = tests::nats::module_status(&alpha, "alpha", "app").await;
     assert!(!s["warnings"].to_string().contains("left the mesh"), "alpha stays: {s}");

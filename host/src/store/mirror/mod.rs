@@ -285,9 +285,19 @@ impl Mirror {
         m
     }
 
-    /// Notes the streams the bucket sources, each with its subject filter.
-    pub fn set_sources(&self, sources: Vec<(Box<str>, Box<str>)>) {
-        *self.sources.locked() = sources;
+    /// Notes the streams the bucket sources, each with its subject filter; whether that
+    /// changed. Which writers are orphaned follows from them, so a change of them is a change
+    /// of the whole mirror: a reply kept while a retired node's share was still sourced must
+    /// not be served after.
+    pub fn set_sources(&self, sources: Vec<(Box<str>, Box<str>)>) -> bool {
+        let mut kept = self.sources.locked();
+        if *kept == sources {
+            return false;
+        }
+        *kept = sources;
+        drop(kept);
+        drop(self.write());
+        true
     }
 
     /// The subject filter through which the bucket sources the stream `name`, if it does.
@@ -1011,9 +1021,13 @@ mod tests {
         m.put("delta.app.config.j", 3, b"{}");
         assert!(m.writers_unsourced("needs").is_empty(), "a bucket that sources nothing has no orphans");
         let source = |n: &str| (format!("NODE_{n}").into(), format!("$KV.needs.{n}.>").into());
-        m.set_sources(vec![source("alpha"), source("delta")]);
+        assert!(m.set_sources(vec![source("alpha"), source("delta")]));
         assert!(m.writers_unsourced("needs").is_empty());
-        m.set_sources(vec![source("alpha")]);
+        let v = m.version();
+        assert!(!m.set_sources(vec![source("alpha"), source("delta")]), "the same sources are no change");
+        assert_eq!(m.version(), v, "a reply kept over these sources stays good");
+        assert!(m.set_sources(vec![source("alpha")]));
+        assert!(m.unchanged_in(&Reach::everything(), v).is_none(), "a reply that counted delta's keys as sourced must not be served again");
         let orphaned = m.writers_unsourced("needs");
         assert_eq!(orphaned.iter().map(|w| (w.writer.as_str(), w.keys)).collect::<Vec<_>>(), [("delta", 2)]);
         m.delete("delta.app.config.k", 4);
