@@ -2,7 +2,8 @@
 //! calling the guest — only while everything it read would read the same now:
 //!
 //! - every mirror is still served by the backend (not retired), at the same version
-//!   (`Mirror::version` moves on every change: a put, a delete, a rebuild, a resync) — or, for
+//!   (`Mirror::version` moves on every change: a put, a delete, a rebuild, a resync, a change
+//!   of its bucket's health or of the streams it sources) — or, for
 //!   a reply whose guest said where its revision is ([`RevisionSlot`]), with no change since in
 //!   the part of the mirror the call reached ([`Reach`]): a reply for node beta's keys survives
 //!   a write to alpha's, served with its revision rewritten to what a fresh call would say (the
