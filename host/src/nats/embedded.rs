@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn ports_picked_together_are_all_different() {
-        let ports = free_ports(512).expect("free ports");
+        let ports = free_ports(256).expect("free ports");
         let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "a port handed out twice among {ports:?}");
         assert!(!ports.contains(&0), "port 0 is not a port a server can be told");
