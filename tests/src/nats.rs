@@ -869,13 +869,21 @@ pub async fn module_status(c: &Client, node: &str, module: &str) -> Value {
 /// Asks the status of one module until `cond` holds of it (at most 30 s, failing with `what`
 /// and the last answer), returning it.
 pub async fn status_until(c: &Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    status_until_else(c, node, module, what, cond, async || String::new()).await
+}
+
+/// As [`status_until`], the failure also saying what `more` finds then (the host's log, its
+/// counters): for a wait whose cause is not in the answer.
+pub async fn status_until_else(c: &Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool, more: impl AsyncFnOnce() -> String) -> Value {
     let start = Instant::now();
     loop {
         let s = module_status(c, node, module).await;
         if cond(&s) {
             return s;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "{node}/{module} never showed {what}: {s}");
+        if start.elapsed() >= Duration::from_secs(30) {
+            panic!("{node}/{module} never showed {what}: {s}{}", more().await);
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

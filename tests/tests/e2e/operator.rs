@@ -158,27 +158,22 @@ async fn a_node_joins_a_running_mesh_by_a_push_is_cut_off_when_revoked_and_its_k
     }
     let out = bootstrap(&bus, &operator, &["--retire-node", "delta"]).await;
     assert!(out.status.success() && said(&out).contains("no longer sources NODE_delta"), "{}", said(&out));
-    // The audit (every 2 s) reads the buckets' new sources; the host's log says why, if not.
-    let start = Instant::now();
-    loop {
-        let s = tests::nats::module_status(&alpha, "delta", "app").await;
-        // Delta wrote to two shared buckets; the audit reads each in turn, so one may be named
-        // before the other.
+    // The audit (every 2 s) reads the buckets' new sources one after another: delta wrote to
+    // two shared buckets, so one may be named before the other. If not, the host's counts of
+    // audits per bucket and its log say why.
+    let orphaned_in_both = |s: &Value| {
         let w = s["warnings"].to_string();
-        if ["mesh-provisioner_needs", "mesh-provisioner_applied"].iter().all(|b| w.contains(&format!("left the mesh: {b} no longer sources its share"))) {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            // Whether the audit reached each bucket since (its counts per bucket).
-            let stats = tokio::time::timeout(Duration::from_secs(2), alpha.request("$SRV.STATS.mesh-provisioner", "".into())).await;
-            let audits = match stats {
-                Ok(Ok(m)) => String::from_utf8_lossy(&m.payload).into_owned(),
-                other => format!("no stats: {other:?}"),
-            };
-            panic!("delta/app never showed its keys orphaned: {s}\nthe host's $SRV.STATS: {audits}\nthe host's log:\n{}", host.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ["mesh-provisioner_needs", "mesh-provisioner_applied"].iter().all(|b| w.contains(&format!("left the mesh: {b} no longer sources its share")))
+    };
+    tests::nats::status_until_else(&alpha, "delta", "app", "its keys orphaned in both buckets", orphaned_in_both, async || {
+        let stats = tokio::time::timeout(Duration::from_secs(2), alpha.request("$SRV.STATS.mesh-provisioner", "".into())).await;
+        let audits = match stats {
+            Ok(Ok(m)) => String::from_utf8_lossy(&m.payload).into_owned(),
+            other => format!("no stats: {other:?}"),
+        };
+        format!("\nthe host's $SRV.STATS: {audits}\nthe host's log:\n{}", host.log_text())
+    })
+    .await;
     let s = tests::nats::module_status(&alpha, "alpha", "app").await;
     assert!(!s["warnings"].to_string().contains("left the mesh"), "alpha stays: {s}");
     // The rest of the mesh carried on: alpha still asks and is answered; the provisioner never
