@@ -194,6 +194,24 @@ impl Bus {
         Some((v["instance"].as_str()?.to_string(), entry.revision))
     }
 
+    /// Waits (bounded) until one holder has renewed its lease twice in a row: after an outage, a
+    /// holder that kept its lease or took it again is steady, where one that answered once may
+    /// still lose a lease it could not renew in time, and stop serving until it takes it back.
+    pub async fn until_seat_renewed_twice(&self) {
+        let start = Instant::now();
+        let mut first = self.seat_lease().await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = self.seat_lease().await;
+            match (&first, &now) {
+                (Some((a, r0)), Some((b, r))) if a == b && *r >= r0 + 2 => return,
+                (Some((a, _)), Some((b, _))) if a == b => {}
+                _ => first = now,
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "no holder renewed its lease twice: {first:?}");
+        }
+    }
+
     /// Writes `key` = `value` into `bucket` as `user`.
     pub async fn put(&self, user: &str, bucket: &str, key: &str, value: &[u8]) -> u64 {
         let kv = self.js(user).await.get_key_value(bucket).await.unwrap_or_else(|e| panic!("{user} opens {bucket}: {e}"));

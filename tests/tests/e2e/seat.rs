@@ -87,22 +87,6 @@ async fn until_answering(c: &Client, limit: Duration) -> Duration {
     start.elapsed()
 }
 
-/// Waits (bounded) until one holder has renewed its lease twice in a row.
-async fn until_renewed_twice(bus: &Bus) {
-    let start = Instant::now();
-    let mut first = bus.seat_lease().await;
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = bus.seat_lease().await;
-        match (&first, &now) {
-            (Some((a, r0)), Some((b, r))) if a == b && *r >= r0 + 2 => return,
-            (Some((a, _)), Some((b, _))) if a == b => {}
-            _ => first = now,
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "no holder renewed its lease twice: {first:?}");
-    }
-}
-
 async fn registry_last_seq(bus: &Bus) -> u64 {
     let js = bus.js("mesh-provisioner").await;
     let mut s = js.get_stream("KV_mesh-provisioner_registry").await.unwrap();
@@ -239,8 +223,8 @@ async fn two_processes_given_one_instance_name_never_both_hold() {
     // The second finds a lease naming its own instance: not its own lease all the same (another
     // process's run), so it stands by while the first renews.
     log_shows(&second, "standing by").await;
-    until_renewed_twice(&bus).await;
-    until_renewed_twice(&bus).await;
+    bus.until_seat_renewed_twice().await;
+    bus.until_seat_renewed_twice().await;
     assert!(!second.log_text().contains("took the seat"), "{}", second.log_text());
     assert!(!first.log_text().contains("lost the seat"), "{}", first.log_text());
     assert_eq!(pingers(&c).await.len(), 1, "exactly one answers");
@@ -260,13 +244,13 @@ async fn a_lease_gone_from_the_bus_is_not_taken_by_a_standby_before_the_holder_f
     until_answering(&c, Duration::from_secs(30)).await;
     let standby = spawn_with(&bus, "standby", &tests::component_path(), "6s", &[]);
     log_shows(&standby, "standing by").await;
-    until_renewed_twice(&bus).await;
+    bus.until_seat_renewed_twice().await;
     // The key goes with no delete marker, as when the bus loses the bucket's messages: the
     // holder holds on until its next renewal finds it gone, so the standby must not create it.
     let js = bus.js(tests::nats::OPERATOR).await;
     js.get_stream("KV_mesh-provisioner_seat").await.unwrap().purge().await.unwrap();
     log_shows(&holder, "the key is gone").await;
-    until_renewed_twice(&bus).await;
+    bus.until_seat_renewed_twice().await;
     assert_eq!(bus.seat_holder().await.as_deref(), Some("holder"));
     assert!(!standby.log_text().contains("took the seat"), "{}", standby.log_text());
     assert_eq!(pingers(&c).await, vec!["holder".to_string()]);
@@ -362,7 +346,7 @@ async fn a_three_server_cluster_keeps_answering_when_one_server_dies() {
     // a lease that cannot be renewed that long is lost, and taken back once it can. The holder
     // is steady again when the streams are led and it has renewed twice since.
     let elected = cluster.until_every_stream_is_led().await;
-    until_renewed_twice(cluster.any()).await;
+    cluster.any().until_seat_renewed_twice().await;
     until_answering(&c, Duration::from_secs(60)).await;
     let took = killed.elapsed();
     // And it keeps answering, not just once: twenty requests in a row.
