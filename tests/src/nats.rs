@@ -186,12 +186,24 @@ impl Bus {
         self.seat_lease().await.map(|(holder, _)| holder)
     }
 
-    /// The seat's holder and the lease's revision.
+    /// The seat's holder and the lease's revision. A read that fails (a server slow under load,
+    /// a stream between leaders) is tried again a few times: `None` says no lease was read.
     pub async fn seat_lease(&self) -> Option<(String, u64)> {
-        let kv = self.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.ok()?;
-        let entry = kv.entry("holder").await.ok()??;
-        let v: Value = serde_json::from_slice(&entry.value).ok()?;
-        Some((v["instance"].as_str()?.to_string(), entry.revision))
+        for _ in 0..3 {
+            let read = async {
+                let kv = self.js("mesh-provisioner").await.get_key_value("mesh-provisioner_seat").await.map_err(|e| e.to_string())?;
+                kv.entry("holder").await.map_err(|e| e.to_string())
+            };
+            match read.await {
+                Ok(entry) => {
+                    let entry = entry?;
+                    let v: Value = serde_json::from_slice(&entry.value).ok()?;
+                    return Some((v["instance"].as_str()?.to_string(), entry.revision));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        None
     }
 
     /// Waits (bounded) until one holder has renewed its lease twice in a row: after an outage, a
@@ -765,8 +777,9 @@ impl Host {
     pub async fn info_until(client: &Client, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
         let start = Instant::now();
         loop {
-            let m = Self::info(client).await;
-            if cond(&m) {
+            // No answer yet (a seat taken back, a reconnect) is "not yet" too.
+            let m = Self::try_info(client).await.unwrap_or_else(|e| serde_json::json!({"no answer": e}));
+            if m.get("no answer").is_none() && cond(&m) {
                 return m;
             }
             assert!(start.elapsed() < Duration::from_secs(30), "INFO never showed {what}: {m}");
@@ -776,9 +789,14 @@ impl Host {
 
     /// The micro service's `$SRV.INFO` metadata.
     pub async fn info(client: &Client) -> Value {
-        let m = client.request("$SRV.INFO.mesh-provisioner", "".into()).await.expect("INFO answers");
-        let v: Value = serde_json::from_slice(&m.payload).expect("INFO is JSON");
-        v["metadata"].clone()
+        Self::try_info(client).await.unwrap_or_else(|e| panic!("INFO answers: {e}"))
+    }
+
+    /// As [`Host::info`]; `Err` saying why when it did not answer.
+    async fn try_info(client: &Client) -> Result<Value, String> {
+        let m = client.request("$SRV.INFO.mesh-provisioner", "".into()).await.map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_slice(&m.payload).map_err(|e| format!("INFO is not JSON ({e}): {:?}", m.payload))?;
+        Ok(v["metadata"].clone())
     }
 }
 
@@ -893,14 +911,31 @@ pub async fn status_until(c: &Client, node: &str, module: &str, what: &str, cond
 /// As [`status_until`], the failure also saying what `more` finds then (the host's log, its
 /// counters): for a wait whose cause is not in the answer.
 pub async fn status_until_else(c: &Client, node: &str, module: &str, what: &str, cond: impl Fn(&Value) -> bool, more: impl AsyncFnOnce() -> String) -> Value {
+    let body = serde_json::json!({"what":"status","node":node,"module":module});
+    let what = format!("{node}/{module} showing {what}");
+    ask_until_else(c, body, &what, |v| cond(&v["entries"][0]), more).await["entries"][0].clone()
+}
+
+/// Asks the verb `body` until a normal answer satisfies `cond` (at most 30 s, failing with
+/// `what` and the last answer), returning it.
+pub async fn ask_until(c: &Client, body: Value, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    ask_until_else(c, body, what, cond, async || String::new()).await
+}
+
+/// As [`ask_until`], the failure also saying what `more` finds then. A wait, not a check of the
+/// verb: an error reply or none (a seat being taken back, a reconnect) is "not yet".
+pub async fn ask_until_else(c: &Client, body: Value, what: &str, cond: impl Fn(&Value) -> bool, more: impl AsyncFnOnce() -> String) -> Value {
     let start = Instant::now();
+    let body = body.to_string();
     loop {
-        let s = module_status(c, node, module).await;
-        if cond(&s) {
-            return s;
-        }
+        let last = match ask_raw(c, body.as_bytes()).await {
+            Ok((None, v)) if cond(&v) => return v,
+            Ok((None, v)) => v,
+            Ok((Some(code), v)) => serde_json::json!({"error reply": code, "body": v}),
+            Err(e) => serde_json::json!({"no answer": e}),
+        };
         if start.elapsed() >= Duration::from_secs(30) {
-            panic!("{node}/{module} never showed {what}: {s}{}", more().await);
+            panic!("never answered {what}: {last}{}", more().await);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -300,6 +300,10 @@ async fn attack(bus: Bus) {
     bus.put("provider-postgres", BOUND, "beta.web.db", br#"{"password":"beta-secret-7731"}"#).await;
     bus.put("mesh-config", CONFIG, "beta.web.base_url", b"\"https://beta-private.example\"").await;
     let marker = bus.put("node-beta", NEEDS, "beta.web.secret.beta_marker", br#"{"placeholder":"beta-marker-5520"}"#).await;
+    // After the restart a share's source may wait out a retry of the server's before it is
+    // linked again: the first read of beta's write waits for it, the others must hold at once.
+    let fresh = json!({"what":"needs","node":"beta","min_revision":{"NODE_beta":marker},"wait":"4s"});
+    tests::nats::ask_until(&beta, fresh, "beta's write read back", |v| v.to_string().contains("beta-marker-5520")).await;
     for _ in 0..5 {
         // Its own write, read back by its share's sequence (the revision its put was told).
         let v = ask_ok(&beta, json!({"what":"needs","node":"beta","min_revision":{"NODE_beta":marker}})).await;

@@ -48,7 +48,7 @@ async fn a_revision_not_reached_in_time_is_not_current_naming_it() {
     let c = bus.client("node-alpha").await;
     let seq = bus.put("node-alpha", NEEDS, "alpha.app.config.x", b"{}").await;
     // Reached first: the share's own write is answered.
-    ask_ok(&c, json!({"what":"needs","node":"alpha","min_revision":{"NODE_alpha": seq}})).await;
+    ask_ok(&c, json!({"what":"needs","node":"alpha","min_revision":{"NODE_alpha": seq},"wait":"4s"})).await;
     // A sequence the share has not got to: not reached, whatever the buckets hold.
     let ahead = seq + 1000;
     let (code, v) =
@@ -83,7 +83,7 @@ async fn a_consistent_answer_holds_every_write_acknowledged_before_it() {
         // Written by the config provider into its own bucket; asked at once by the node.
         let value = format!("postgres://db{i}");
         let revision = bus.put("mesh-config", CONFIG, "alpha.app.db_url", value.as_bytes()).await;
-        let s = ask_ok(&c, json!({"what":"status","node":"alpha","module":"app","consistent":true})).await;
+        let s = ask_ok(&c, json!({"what":"status","node":"alpha","module":"app","consistent":true,"wait":"4s"})).await;
         let need = &s["entries"][0]["needs"][0];
         assert_eq!((need["check"].as_str(), need["revision"].as_u64()), (Some("present"), Some(revision)), "write {i} of {CONFIG}: {s}");
         assert!(s["revisions"][CONFIG].as_u64().is_some_and(|r| r >= revision), "write {i} at {revision} of {CONFIG}: {s}");

@@ -19,6 +19,21 @@ async fn mirrors(c: &async_nats::Client) -> u64 {
     Host::info(c).await["mirrors"].as_str().and_then(|m| m.parse().ok()).expect("INFO names the mirror count")
 }
 
+/// The mirror count once it has not moved for longer than a listing (bounded).
+async fn settled_mirrors(c: &async_nats::Client) -> u64 {
+    let start = Instant::now();
+    let (mut count, mut since) = (mirrors(c).await, Instant::now());
+    while since.elapsed() < Duration::from_secs(6) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = mirrors(c).await;
+        if now != count {
+            (count, since) = (now, Instant::now());
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the mirror count never settled: {count}");
+    }
+    count
+}
+
 #[tokio::test]
 async fn requests_for_nodes_that_do_not_exist_leave_nothing_behind() {
     let bus = Bus::start().await;
@@ -35,9 +50,9 @@ async fn requests_for_nodes_that_do_not_exist_leave_nothing_behind() {
         assert!(start.elapsed() < Duration::from_secs(20), "alpha/app never planned");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The buckets listed as plan inputs are mirrored within a listing (every 5 s).
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let before = mirrors(&c).await;
+    // The buckets listed as plan inputs are mirrored within a listing (every 5 s): the count is
+    // settled once it held over more than a listing.
+    let before = settled_mirrors(&c).await;
 
     let asked = futures::stream::iter(0..10_000)
         .map(|i| {

@@ -143,7 +143,7 @@ async fn a_restart_resumes_after_its_snapshot_through_deletes_updates_and_new_ke
 
 #[tokio::test]
 async fn a_snapshot_older_than_a_purge_or_an_expiry_answers_nothing_the_stream_lost() {
-    const AGE: Duration = Duration::from_secs(4);
+    const AGE: Duration = Duration::from_secs(8);
     let mesh = Mesh::open(async |js| {
         js.create_key_value(kv::Config { bucket: NEEDS.into(), history: 1, max_age: AGE, ..Default::default() }).await.expect("needs with a max age");
     })
