@@ -45,7 +45,7 @@ impl NatsBackend {
                             snapshots: self.snapshots.get().cloned(),
                             resumable: std::sync::atomic::AtomicBool::new(true),
                         };
-                        tokio::spawn(follower.run(self.resync.subscribe()));
+                        self.lane.spawn(follower.run(self.resync.subscribe()));
                         m
                     }
                 }
