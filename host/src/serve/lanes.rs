@@ -95,7 +95,7 @@ fn lower_priority(name: &str, nice: i32) {
     let _ = (name, nice);
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
