@@ -45,7 +45,7 @@ impl NatsBackend {
                             snapshots: self.snapshots.get().cloned(),
                             resumable: std::sync::atomic::AtomicBool::new(true),
                         };
-                        self.lane.spawn(follower.run(self.resync.subscribe()));
+                        tokio::spawn(follower.run(self.resync.subscribe()));
                         m
                     }
                 }

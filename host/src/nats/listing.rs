@@ -50,7 +50,7 @@ impl NatsBackend {
         match self.client.subscribe(STREAM_CREATED).await {
             Ok(mut sub) => {
                 let created = self.created.clone();
-                self.lane.spawn(async move {
+                tokio::spawn(async move {
                     while sub.next().await.is_some() {
                         created.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     }

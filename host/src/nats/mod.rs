@@ -146,9 +146,6 @@ pub struct NatsBackend {
     kept: KeptPlans,
     /// Round trips asking where a bucket stands on the bus (consistent reads), shared.
     flights: reach::Flights,
-    /// Where the mirrors' watches run: the runtime [`NatsBackend::open`] was called on (in
-    /// `serve`, the bus's lane, which also reads the buckets' connection).
-    lane: tokio::runtime::Handle,
 }
 
 impl NatsBackend {
@@ -187,7 +184,6 @@ impl NatsBackend {
             events: Arc::new(crate::nats::events::Events::new()),
             kept,
             flights: reach::Flights::default(),
-            lane: tokio::runtime::Handle::current(),
         }))
     }
 

@@ -8,9 +8,9 @@ pub mod audit;
 pub mod demo;
 pub mod feed;
 pub mod flags;
+pub mod followers;
 pub mod http;
 pub mod inputs;
-pub mod lanes;
 pub mod notices;
 pub mod plans;
 pub mod prune;
@@ -74,10 +74,7 @@ pub async fn run(args: Serve) -> Result<()> {
         Some(addr) => Some(crate::serve::http::bind(addr, "probes alone, /healthz, /readyz, /metrics").await?),
         None => None,
     };
-    // The buckets' connection and the mirrors it feeds run on a lane of their own, and live
-    // until everything that reads them has stopped (dropped last).
-    let bus_lane = crate::serve::lanes::Lane::start("bus", 0)?;
-    let (bus, embedded, reconnections) = connect(&args, &bus_lane).await?;
+    let (bus, embedded, reconnections) = connect(&args).await?;
     if let Some(server) = &embedded {
         // The embedded default is its own operator: every bucket of the example mesh made
         // with the safe settings before anything writes.
@@ -106,7 +103,7 @@ pub async fn run(args: Serve) -> Result<()> {
         // Requests are counted from the first one on.
         crate::base::metrics::metrics().record();
     }
-    let opened = open(&args, bus, current, limits, &bus_lane).await?;
+    let opened = open(&args, bus, current, limits).await?;
     let mut tasks = start(&args, &opened, reconnections, runtime, trust)?;
     let state = crate::serve::http::Http::new(opened.clone(), args.status_page_per_node);
     // The HTTP side on the followers' thread; `/healthz` follows the verbs' by a beat from here.
@@ -161,7 +158,7 @@ struct Bus {
 /// Reaches the bus named by `--nats-url`, or starts the embedded `nats-server` (recording how to
 /// reach it in the state directory). Also returns a counter bumped on every (re)connection of
 /// the buckets' connection.
-async fn connect(args: &Serve, lane: &crate::serve::lanes::Lane) -> Result<(Bus, Option<Server>, watch::Receiver<u64>)> {
+async fn connect(args: &Serve) -> Result<(Bus, Option<Server>, watch::Receiver<u64>)> {
     let state = &args.connect.state_dir;
     let (events_tx, events) = watch::channel(0u64);
     let on_event = move |event: async_nats::Event| {
@@ -179,10 +176,11 @@ async fn connect(args: &Serve, lane: &crate::serve::lanes::Lane) -> Result<(Bus,
         if args.demo {
             return Err(Error::new(ErrorKind::Config, "--demo writes as the example config's node users: it needs the embedded server (no --nats-url)"));
         }
-        let options =
-            connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event);
-        let url_of_lane = url.clone();
-        let client = lane.run(async move { connect::connect(&url_of_lane, options).await }).await??;
+        let client = connect::connect(
+            url,
+            connect::options(&args.connect, "mesh-provisioner").await?.subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY).event_callback(on_event),
+        )
+        .await?;
         let seat = connect::connect(url, connect::options(&args.connect, "mesh-provisioner-seat").await?.event_callback(on_seat_event)).await?;
         let service_options = match Login::of_service(&args.service)? {
             Some(login) => {
@@ -216,11 +214,13 @@ async fn connect(args: &Serve, lane: &crate::serve::lanes::Lane) -> Result<(Bus,
         "embedded nats-server started; `mesh-provisioner query --state-dir {}` reaches it",
         state.display()
     );
-    let options = connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner")?
-        .subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY)
-        .event_callback(on_event);
-    let url = access.url.clone();
-    let client = lane.run(async move { connect::connect(&url, options).await }).await??;
+    let client = connect::connect(
+        &access.url,
+        connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner")?
+            .subscription_capacity(crate::nats::SUBSCRIPTION_CAPACITY)
+            .event_callback(on_event),
+    )
+    .await?;
     let seat =
         connect::connect(&access.url, connect::embedded_options(&access, PROVISIONER_USER, "mesh-provisioner-seat")?.event_callback(on_seat_event)).await?;
     let service =
@@ -243,7 +243,7 @@ fn on_connection_event(connection: &'static str, event: async_nats::Event) {
 }
 
 /// Opens the buckets and the seat, and warms the mirrors a standby keeps in sync.
-async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits, lane: &crate::serve::lanes::Lane) -> Result<Shared> {
+async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits) -> Result<Shared> {
     let Bus { client, seat, service } = bus;
     let kept = crate::store::kept::KeptPlans::files(args.connect.state_dir.join("plans")).with_per_node(args.kept_plans_per_node);
     let options = crate::nats::BackendOptions {
@@ -253,9 +253,7 @@ async fn open(args: &Serve, bus: Bus, current: Arc<Current>, limits: Limits, lan
         quota: crate::store::mirror::Quota { keys: args.node_quota_keys, bytes: args.node_quota_mib.saturating_mul(1 << 20) },
     };
     crate::base::metrics::metrics().mirrors_budget.set(i64::try_from(options.mirror_budget).unwrap_or(i64::MAX));
-    // Opened on the bus's lane: the mirrors' watches run there.
-    let on_lane = client.clone();
-    let nats = lane.run(async move { NatsBackend::open(on_lane, options, kept).await }).await??;
+    let nats = NatsBackend::open(client.clone(), options, kept).await?;
     if !args.no_snapshots {
         nats.resume_from(crate::store::snapshot::Snapshots::new(args.connect.state_dir.join("mirrors")));
     }
@@ -282,17 +280,17 @@ struct Tasks {
     audits: Arc<crate::serve::audit::Counts>,
     stop: watch::Receiver<bool>,
     handles: Vec<JoinHandle<()>>,
-    /// Where plans, module states, notices and the HTTP side run, at a lower priority than
-    /// the verbs (its thread ends when it is dropped).
-    followers: crate::serve::lanes::Lane,
+    /// Where plans, module states, notices and the HTTP side run (its thread ends
+    /// when it is dropped).
+    followers: crate::serve::followers::Followers,
 }
 
 /// Starts the seat's renewals, the reconciler, plans, notices, the reconnect handler, the
 /// registry timer, the component watcher and the signal handler. Plans, module states and
-/// notices run on a lane of their own ([`lanes`]; `run` puts the HTTP side there too): the
-/// verbs never wait behind them on one thread, and get the cores first when both want them.
+/// notices run on a thread of their own ([`followers`]; `run` puts the HTTP side there too): the
+/// verbs never wait behind them on one thread.
 fn start(args: &Serve, o: &Shared, mut reconnections: watch::Receiver<u64>, runtime: Runtime, trust: Option<crate::runtime::trust::TrustKey>) -> Result<Tasks> {
-    let followers = crate::serve::lanes::Lane::start("followers", crate::serve::lanes::FOLLOWERS_NICE)?;
+    let followers = crate::serve::followers::Followers::start()?;
     let mut handles = Vec::new();
     handles.push(tokio::spawn(o.seat.clone().run()));
     let (reconciler, reconciling) = Reconciler::start(o);

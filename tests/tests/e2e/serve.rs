@@ -406,36 +406,3 @@ async fn a_failed_reconcile_is_retried_within_seconds_not_at_the_next_tick() {
     host.stop().await;
     server.stop().await;
 }
-
-/// The threads of process `pid`: each one's id, name and niceness.
-fn threads(pid: u32) -> Vec<(u32, String, i64)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the host's threads");
-    tasks
-        .filter_map(|t| {
-            let dir = t.ok()?.path();
-            let tid = dir.file_name()?.to_str()?.parse().ok()?;
-            let name = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
-            // `stat`: the fields after the name's closing parenthesis start at the state (3rd);
-            // the niceness is the 19th.
-            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-            let nice = stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()?;
-            Some((tid, name, nice))
-        })
-        .collect()
-}
-
-#[tokio::test]
-async fn the_mirrors_run_on_a_lane_of_their_own_and_the_followers_are_nicer_than_the_verbs() {
-    let bus = Bus::start().await;
-    let host = Host::start(&bus, &[]).await;
-    let pid = host.child.id().expect("the host's pid");
-    bus.put("node-alpha", NEEDS, "alpha.lane.config.k", b"{}").await;
-    let c = bus.client("node-alpha").await;
-    ask_until(&c, json!({"what":"needs","node":"alpha","module":"lane"}), 1).await;
-    let threads = threads(pid);
-    let nice_of = |name: &str| threads.iter().find(|(_, n, _)| n == name).map(|(_, _, nice)| *nice);
-    // The verbs' thread is the process's first.
-    let verbs = threads.iter().find(|(tid, ..)| *tid == pid).map(|(_, _, nice)| *nice).unwrap_or_else(|| panic!("no thread {pid} among {threads:?}"));
-    assert_eq!(nice_of("bus"), Some(verbs), "the bus's lane runs at the verbs' priority: {threads:?}");
-    assert_eq!(nice_of("followers"), Some((verbs + 10).min(19)), "the followers' lane is ten steps nicer than the verbs: {threads:?}");
-}

@@ -223,10 +223,9 @@ fn no_host_code_branches_on_an_errors_text() {
 }
 
 #[test]
-fn the_verbs_the_bus_and_the_followers_run_on_a_thread_each() {
+fn the_verbs_and_the_followers_run_on_a_thread_each() {
     let main = host_code().into_iter().find(|(f, _)| f == "main.rs").expect("main.rs").1;
     assert!(main.contains("#[tokio::main(flavor = \"current_thread\")]"), "main.rs does not run on one thread");
-    let serve = host_code().into_iter().find(|(f, _)| f == "serve/mod.rs").expect("serve/mod.rs").1;
     let runtimes: Vec<String> = host_code()
         .iter()
         .flat_map(|(file, code)| {
@@ -236,20 +235,10 @@ fn the_verbs_the_bus_and_the_followers_run_on_a_thread_each() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    // The one kind of runtime beside main's: a lane (the bus's, the followers').
-    assert!(runtimes.len() == 1 && runtimes[0].starts_with("serve/lanes.rs: "), "runtimes other than main's and the lanes': {runtimes:#?}");
-    // The buckets' connection is made, and the backend opened, on the bus's lane: the mirrors'
-    // watches then run there, not on the verbs' thread.
-    let on_lane: Vec<&str> = code_lines(&serve).filter(|l| l.contains("lane.run(")).collect();
-    assert!(
-        on_lane.iter().filter(|l| l.contains("connect::connect(")).count() == 2 && on_lane.iter().any(|l| l.contains("NatsBackend::open(")),
-        "the buckets' connection or the backend is not made on the bus's lane: {on_lane:#?}"
-    );
-    assert!(
-        code_lines(&serve).any(|l| l.contains("Lane::start(\"followers\", crate::serve::lanes::FOLLOWERS_NICE)")),
-        "the followers' lane is not started at its lower priority"
-    );
+    // The one runtime beside main's: the followers' thread.
+    assert!(runtimes.len() == 1 && runtimes[0].starts_with("serve/followers.rs: "), "runtimes other than main's and the followers': {runtimes:#?}");
     // The HTTP side runs there too: a page writes every module's state, a status read tallies them.
+    let serve = host_code().into_iter().find(|(f, _)| f == "serve/mod.rs").expect("serve/mod.rs").1;
     let http: Vec<&str> = code_lines(&serve).filter(|l| l.contains("serve::http::serve")).collect();
     assert!(!http.is_empty() && http.iter().all(|l| l.contains("followers.spawn(")), "the HTTP side is not spawned on the followers' thread: {http:#?}");
 }
