@@ -86,11 +86,15 @@ async fn a_bus_whose_jetstream_lost_its_quorum_is_answered_503() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The operator makes gamma's bucket, and at once two servers die: the host has not mirrored
-    // it yet (it lists buckets every 5 s), and following it needs the JetStream API, unavailable
-    // now: the plan of gamma/app, read at its want, is a 503.
+    // it yet, and following it needs the JetStream API, unavailable now: the plan of gamma/app,
+    // read at its want, is a 503. The host is held still meanwhile (well within its lease): it
+    // hears of a new bucket at once (the stream-created advisory) and could otherwise mirror it
+    // before the servers are gone, and then answer "not yet published" forever.
+    host.signal("STOP");
     cluster.make_bucket("composed-gamma").await;
     cluster.kill(1).await;
     cluster.kill(2).await;
+    host.signal("CONT");
     let v = until_503(&client, "mesh-provisioner.plan", br#"{"node":"gamma","module":"app"}"#).await;
     assert_eq!(v["error"]["code"], "unavailable", "{v}");
     // The 503 of the bucket it could not follow, not any 503 (a seat lost says another thing).
